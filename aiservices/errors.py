@@ -1,0 +1,59 @@
+"""Errors raised by aiservices.
+
+```
+AiServiceError
+ ├── InterfaceError    (also TypeError)   the Protocol cannot become a service
+ ├── OutputParseError  (also ValueError)  the model's answer never parsed
+ └── ToolLimitError                       too many tool rounds in one call
+```
+
+Provider and store errors keep their own types (an ``openai.RateLimitError``, a
+``sqlite3.OperationalError``) and are never wrapped or swallowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["AiServiceError", "InterfaceError", "OutputParseError", "ToolLimitError"]
+
+
+class AiServiceError(Exception):
+    """Base class of every error aiservices raises itself."""
+
+
+class InterfaceError(AiServiceError, TypeError):
+    """The interface cannot be turned into a service; raised when the service is built.
+
+    ``problems`` lists every mistake found, each starting with ``Class.method(param)``.
+    """
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            message = f"{len(self.problems)} problems:\n" + "\n".join(
+                f"  - {p}" for p in self.problems
+            )
+        super().__init__(message)
+
+
+class OutputParseError(AiServiceError, ValueError):
+    """The model's answer could not be parsed into the declared return type.
+
+    ``raw_text`` is the last answer the model gave; ``attempts`` how many answers were tried.
+    """
+
+    def __init__(self, message: str, *, raw_text: str | None, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.raw_text = raw_text
+        self.attempts = attempts
+
+
+class ToolLimitError(AiServiceError):
+    """The model kept asking for tools past ``max_tool_invocations``; no tool of that answer ran."""
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit

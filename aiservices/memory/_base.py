@@ -1,0 +1,38 @@
+"""The memory seam: what a service needs from a conversation's memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from ..messages import ChatMessage
+
+__all__ = ["ChatMemory", "ChatMemoryProvider"]
+
+
+@runtime_checkable
+class ChatMemory(Protocol):
+    """The messages of one conversation that the model is shown."""
+
+    @property
+    def id(self) -> Hashable: ...
+
+    def add(self, *messages: ChatMessage) -> None:
+        """Add messages in order, as one write; the window's rules then apply."""
+        ...
+
+    def messages(self) -> list[ChatMessage]:
+        """The messages in the window now, oldest first."""
+        ...
+
+    def clear(self) -> None:
+        """Remove every message."""
+        ...
+
+    def set(self, messages: Iterable[ChatMessage]) -> None:
+        """Replace the messages (the window's rules apply)."""
+        ...
+
+
+ChatMemoryProvider: TypeAlias = Callable[[Hashable], ChatMemory]
+"""Gives each memory id its own memory."""

@@ -1,0 +1,306 @@
+"""Chat messages: immutable pydantic models and their JSON form.
+
+Every message may carry recording metadata: ``message_id``, ``turn_id`` and ``created_at``.
+A service sets them when it records a turn; a memory sets a ``message_id`` on messages
+added without one. Equality and hashing compare content only (the type and the content
+fields), so ``memory.messages() == [UserMessage("hi")]`` holds for recorded messages too;
+the JSON form keeps the metadata exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Annotated, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "AiMessage",
+    "ChatMessage",
+    "SystemMessage",
+    "ToolExecutionRequest",
+    "ToolExecutionResultMessage",
+    "UserMessage",
+    "FORMAT_VERSION",
+    "message_from_json",
+    "message_to_json",
+    "messages_from_json",
+    "messages_to_json",
+]
+
+FORMAT_VERSION: Final = 1
+"""Version of the JSON form written by :func:`messages_to_json` and :func:`message_to_json`."""
+
+
+_F = TypeVar("_F", bound=Callable[..., None])
+
+
+def _positional_init(init: _F) -> _F:
+    # Marks a positional-friendly __init__ as pydantic's own, so validation (JSON, nested
+    # models) builds instances directly instead of calling it with raw keyword data.
+    init.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+    return init
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ToolExecutionRequest(_Frozen):
+    """A tool call the model asked for; ``arguments`` is a JSON string."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    @_positional_init
+    def __init__(self, id: str, name: str, arguments: str = "{}") -> None:  # noqa: A002
+        super().__init__(id=id, name=name, arguments=arguments)
+
+
+class _Message(_Frozen):
+    _content: ClassVar[tuple[str, ...]] = ()
+
+    type: str = Field(repr=False)
+    message_id: str | None = Field(default=None, repr=False)
+    turn_id: str | None = Field(default=None, repr=False)
+    created_at: datetime | None = Field(default=None, repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        d, o = self.__dict__, other.__dict__
+        return all(d[f] == o[f] for f in self._content)
+
+    def __hash__(self) -> int:
+        d = self.__dict__
+        return hash((type(self), *(_hashable(d[f]) for f in self._content)))
+
+    def with_metadata(
+        self,
+        *,
+        message_id: str | None = None,
+        turn_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> Self:
+        """A copy with the given recording metadata; ``None`` keeps the current value."""
+        values = dict(self.__dict__)
+        if message_id is not None:
+            values["message_id"] = message_id
+        if turn_id is not None:
+            values["turn_id"] = turn_id
+        if created_at is not None:
+            values["created_at"] = created_at
+        return _trusted(type(self), values)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_set_attr = object.__setattr__
+
+
+def _trusted(cls: type[_M], values: dict[str, object]) -> _M:
+    """Build a model from values already known valid, without validation (hot paths)."""
+    instance = cls.__new__(cls)
+    _set_attr(instance, "__dict__", values)
+    _set_attr(instance, "__pydantic_fields_set__", set(values))
+    _set_attr(instance, "__pydantic_extra__", None)
+    _set_attr(instance, "__pydantic_private__", None)
+    return instance
+
+
+def _hashable(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
+class SystemMessage(_Message):
+    """Instructions for the model; a memory keeps at most one."""
+
+    _content = ("text",)
+    type: Literal["system"] = Field(default="system", repr=False)
+    text: str
+
+    @_positional_init
+    def __init__(
+        self,
+        text: str,
+        *,
+        message_id: str | None = None,
+        turn_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        super().__init__(text=text, message_id=message_id, turn_id=turn_id, created_at=created_at)
+
+
+class UserMessage(_Message):
+    """What the user said; ``name`` identifies the speaker to the model."""
+
+    _content = ("text", "name")
+    type: Literal["user"] = Field(default="user", repr=False)
+    text: str
+    name: str | None = None
+
+    @_positional_init
+    def __init__(
+        self,
+        text: str,
+        name: str | None = None,
+        *,
+        message_id: str | None = None,
+        turn_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        super().__init__(
+            text=text, name=name, message_id=message_id, turn_id=turn_id, created_at=created_at
+        )
+
+
+class AiMessage(_Message):
+    """The model's answer: text, tool requests, or both."""
+
+    _content = ("text", "tool_execution_requests")
+    type: Literal["ai"] = Field(default="ai", repr=False)
+    text: str | None = None
+    tool_execution_requests: list[ToolExecutionRequest] = Field(default_factory=list)
+
+    @_positional_init
+    def __init__(
+        self,
+        text: str | None = None,
+        tool_execution_requests: Sequence[ToolExecutionRequest] = (),
+        *,
+        message_id: str | None = None,
+        turn_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        super().__init__(
+            text=text,
+            tool_execution_requests=list(tool_execution_requests),
+            message_id=message_id,
+            turn_id=turn_id,
+            created_at=created_at,
+        )
+
+    @property
+    def has_tool_execution_requests(self) -> bool:
+        """Whether the model asked for at least one tool."""
+        return bool(self.tool_execution_requests)
+
+
+class ToolExecutionResultMessage(_Message):
+    """A tool's result; ``id`` is the id of the request it answers."""
+
+    _content = ("id", "tool_name", "text")
+    type: Literal["tool_result"] = Field(default="tool_result", repr=False)
+    id: str
+    tool_name: str
+    text: str
+
+    @_positional_init
+    def __init__(
+        self,
+        id: str,  # noqa: A002
+        tool_name: str,
+        text: str,
+        *,
+        message_id: str | None = None,
+        turn_id: str | None = None,
+        created_at: datetime | None = None,
+    ) -> None:
+        super().__init__(
+            id=id,
+            tool_name=tool_name,
+            text=text,
+            message_id=message_id,
+            turn_id=turn_id,
+            created_at=created_at,
+        )
+
+
+ChatMessage: TypeAlias = SystemMessage | UserMessage | AiMessage | ToolExecutionResultMessage
+"""Any message a memory holds."""
+
+_Tagged = Annotated[ChatMessage, Field(discriminator="type")]
+
+
+class _Envelope(_Frozen):
+    format: int
+    messages: list[_Tagged]
+
+
+class _VersionOnly(BaseModel):
+    format: int
+
+
+_message_adapter: TypeAdapter[ChatMessage] = TypeAdapter(_Tagged)
+_MESSAGE_TYPES: Final = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
+
+
+def new_message_id() -> str:
+    """A fresh message id (a uuid4 hex string)."""
+    return uuid.uuid4().hex
+
+
+def _check_version(text: str | bytes) -> None:
+    try:
+        raw = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not valid chat messages JSON: {exc}") from None
+    if not isinstance(raw, dict) or "format" not in raw:
+        raise ValueError(
+            'chat messages JSON must be an object {"format": N, "messages": [...]}, '
+            "as written by messages_to_json"
+        )
+    version = raw["format"]
+    if type(version) is not int:
+        raise ValueError(f"chat messages JSON has a non-integer format version: {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"chat messages JSON has format version {version}, newer than the "
+            f"{FORMAT_VERSION} this version of aiservices reads; upgrade aiservices"
+        )
+    if version < 1:
+        raise ValueError(f"chat messages JSON has an unknown format version {version}")
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(parts)
+
+
+def messages_to_json(messages: Iterable[ChatMessage]) -> str:
+    """Serialise messages, with a type tag on each and the format version on the whole."""
+    body = ",".join(message_to_json(m) for m in messages)
+    return f'{{"format":{FORMAT_VERSION},"messages":[{body}]}}'
+
+
+def messages_from_json(text: str | bytes) -> list[ChatMessage]:
+    """Read what :func:`messages_to_json` wrote; anything malformed is a ``ValueError``."""
+    try:
+        envelope = _Envelope.model_validate_json(text)
+    except ValidationError as exc:
+        _check_version(text)
+        raise ValueError(f"invalid chat messages JSON: {_describe(exc)}") from None
+    if envelope.format != FORMAT_VERSION:
+        _check_version(text)
+    return list(envelope.messages)
+
+
+def message_to_json(message: ChatMessage) -> str:
+    """Serialise one message with its type tag (the form stores keep, one row per message)."""
+    if not isinstance(message, _MESSAGE_TYPES):
+        raise TypeError(f"not a chat message: {message!r}")
+    return message.model_dump_json(exclude_none=True)
+
+
+def message_from_json(text: str | bytes) -> ChatMessage:
+    """Read one message written by :func:`message_to_json`; a ``ValueError`` if malformed."""
+    try:
+        return _message_adapter.validate_json(text)
+    except ValidationError as exc:
+        raise ValueError(f"invalid chat message JSON: {_describe(exc)}") from None

@@ -1,0 +1,80 @@
+"""The store seam: where a memory keeps its messages."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Sequence
+from typing import Protocol, runtime_checkable
+
+from ..messages import ChatMessage
+
+__all__ = ["AsyncChatMemoryStore", "ChatMemoryStore", "IncrementalChatMemoryStore", "store_key"]
+
+
+@runtime_checkable
+class ChatMemoryStore(Protocol):
+    """Keeps each conversation's messages. Unknown ids read as ``[]``; deleting one is a no-op."""
+
+    def get_messages(self, memory_id: Hashable) -> list[ChatMessage]: ...
+
+    def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        """Make the stored conversation equal to ``messages``."""
+        ...
+
+    def delete_messages(self, memory_id: Hashable) -> None: ...
+
+
+@runtime_checkable
+class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
+    """A store that applies a memory's changes without rewriting the conversation.
+
+    Memories use :meth:`apply_changes` when a store has it, so that a writer that had not
+    seen another writer's messages (another process, say) never erases them.
+    """
+
+    def apply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None:
+        """Atomically append ``appended`` after every stored message and remove the stored
+        messages whose ``message_id`` is in ``removed``; messages appended meanwhile by
+        other writers are kept. Every appended message carries a ``message_id``."""
+        ...
+
+
+def store_key(memory_id: Hashable) -> str:
+    """The text key a store files a memory id under.
+
+    Strings are their own key; other ids (ints, UUIDs) are prefixed with their type name,
+    so that ``1`` and ``"1"`` stay different conversations.
+    """
+    if type(memory_id) is str:
+        return memory_id
+    return f"{type(memory_id).__name__}:{memory_id}"
+
+
+@runtime_checkable
+class AsyncChatMemoryStore(Protocol):
+    """A store with native async I/O; async service calls use these methods when present.
+
+    A store whose sync methods do no I/O at all may instead set ``is_blocking = False``;
+    async calls then use its sync methods directly instead of a worker thread.
+    """
+
+    async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]: ...
+
+    async def aupdate_messages(
+        self, memory_id: Hashable, messages: Sequence[ChatMessage]
+    ) -> None: ...
+
+    async def adelete_messages(self, memory_id: Hashable) -> None: ...
+
+    async def aapply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None: ...
