@@ -58,7 +58,7 @@ class ToolExecutionRequest(_Frozen):
 
     @_positional_init
     def __init__(self, id: str, name: str, arguments: str = "{}") -> None:  # noqa: A002
-        super().__init__(id=id, name=name, arguments=arguments)
+        BaseModel.__init__(self, id=id, name=name, arguments=arguments)
 
 
 class _Message(_Frozen):
@@ -131,7 +131,9 @@ class SystemMessage(_Message):
         turn_id: str | None = None,
         created_at: datetime | None = None,
     ) -> None:
-        super().__init__(text=text, message_id=message_id, turn_id=turn_id, created_at=created_at)
+        BaseModel.__init__(
+            self, text=text, message_id=message_id, turn_id=turn_id, created_at=created_at
+        )
 
 
 class UserMessage(_Message):
@@ -152,8 +154,13 @@ class UserMessage(_Message):
         turn_id: str | None = None,
         created_at: datetime | None = None,
     ) -> None:
-        super().__init__(
-            text=text, name=name, message_id=message_id, turn_id=turn_id, created_at=created_at
+        BaseModel.__init__(
+            self,
+            text=text,
+            name=name,
+            message_id=message_id,
+            turn_id=turn_id,
+            created_at=created_at,
         )
 
 
@@ -175,7 +182,8 @@ class AiMessage(_Message):
         turn_id: str | None = None,
         created_at: datetime | None = None,
     ) -> None:
-        super().__init__(
+        BaseModel.__init__(
+            self,
             text=text,
             tool_execution_requests=list(tool_execution_requests),
             message_id=message_id,
@@ -209,7 +217,8 @@ class ToolExecutionResultMessage(_Message):
         turn_id: str | None = None,
         created_at: datetime | None = None,
     ) -> None:
-        super().__init__(
+        BaseModel.__init__(
+            self,
             id=id,
             tool_name=tool_name,
             text=text,

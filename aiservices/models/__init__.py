@@ -92,8 +92,10 @@ class TokenUsage:
     def __add__(self, other: TokenUsage | None) -> TokenUsage:
         if other is None:
             return self
-        return TokenUsage(_add(self.input_tokens, other.input_tokens),
-                          _add(self.output_tokens, other.output_tokens))
+        return TokenUsage(
+            _add(self.input_tokens, other.input_tokens),
+            _add(self.output_tokens, other.output_tokens),
+        )
 
     __radd__ = __add__
 
