@@ -1,0 +1,82 @@
+"""A FIFO lock that threads and asyncio tasks (of any loop) can hold in turn.
+
+Calls on one memory id are serialised whether they come from threads or tasks, so one
+lock must serve both: a thread waits on an event, a task on a future that the releasing
+side resolves on the task's own loop. Ownership passes straight to the next waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+
+__all__ = ["TurnLock"]
+
+
+class TurnLock:
+    """Held for a whole turn; ``acquire`` blocks a thread, ``aacquire`` suspends a task."""
+
+    __slots__ = ("_held", "_mutex", "_waiters")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Event | tuple[asyncio.Future[None], asyncio.AbstractEventLoop]] = deque()
+
+    @property
+    def locked(self) -> bool:
+        return self._held
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            event = threading.Event()
+            self._waiters.append(event)
+        event.wait()
+
+    async def aacquire(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+            entry = (future, loop)
+            self._waiters.append(entry)
+        try:
+            await future
+        except asyncio.CancelledError:
+            with self._mutex:
+                try:
+                    self._waiters.remove(entry)
+                    waiting = True
+                except ValueError:
+                    waiting = False
+            if not waiting and future.done() and not future.cancelled():
+                # The lock was handed over just as the task was cancelled: pass it on.
+                self.release()
+            raise
+
+    def release(self) -> None:
+        with self._mutex:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if isinstance(waiter, threading.Event):
+                    waiter.set()
+                    return
+                future, loop = waiter
+                if future.done() or loop.is_closed():
+                    continue
+                loop.call_soon_threadsafe(self._hand_over, future)
+                return
+            self._held = False
+
+    def _hand_over(self, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            # Cancelled between release and this callback: the lock goes to the next one.
+            self.release()
+        else:
+            future.set_result(None)

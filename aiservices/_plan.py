@@ -1,0 +1,332 @@
+"""Protocol -> frozen plans: everything a call needs, worked out once when a service is built.
+
+Pure analysis, no I/O. Every mistake found is gathered and raised as one ``InterfaceError``
+whose lines each start with ``Class.method(param)``.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+
+from ._output import OutputPlan, UnsupportedOutputType, plan_output
+from ._result import Result
+from ._templates import BUILTIN_VARIABLES, Template
+from .errors import InterfaceError
+from .markers import MemoryId, UserName, V, is_marker
+from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
+
+__all__ = ["CallKind", "MethodPlan", "plan_interface"]
+
+CallKind = Literal["sync", "async", "stream", "astream"]
+
+# Members every service object has; an interface may declare them (ChatMemoryAccess).
+ACCESS_METHODS: Final = frozenset({"get_chat_memory", "evict_chat_memory", "forget"})
+
+
+@dataclass(frozen=True, slots=True)
+class MethodPlan:
+    """How one interface method turns its arguments into a turn."""
+
+    qualname: str
+    name: str
+    kind: CallKind
+    parameters: tuple[str, ...]
+    signature: inspect.Signature
+    memory_id_index: int | None
+    memory_id_optional: bool
+    user_name_index: int | None
+    variables: tuple[tuple[str, int], ...]
+    system_template: Template | None
+    user_template: Template | None
+    user_message_index: int | None
+    output: OutputPlan
+    wraps_result: bool
+    doc: str | None
+
+
+def _problem(where: str, text: str) -> str:
+    return f"{where}: {text}"
+
+
+def _interface_methods(interface: type) -> dict[str, Callable[..., Any]]:
+    methods: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(interface.__mro__):
+        if klass is object or klass is typing.Generic:
+            continue
+        if getattr(klass, "_is_protocol", False) is False and klass is not interface:
+            continue
+        for name, member in vars(klass).items():
+            if name.startswith("_") or name in ACCESS_METHODS:
+                continue
+            if isinstance(member, (staticmethod, classmethod, property)):
+                continue
+            if inspect.isfunction(member):
+                methods[name] = member
+    return methods
+
+
+def _strip_annotated(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    if get_origin(annotation) is Annotated:
+        return annotation.__origin__, annotation.__metadata__
+    return annotation, ()
+
+
+def _admits_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    origin = get_origin(annotation)
+    if origin is Union or origin is types.UnionType:
+        return any(_admits_none(a) for a in get_args(annotation))
+    if origin is Annotated:
+        return _admits_none(annotation.__origin__)
+    return False
+
+
+def _is_hashable_type(annotation: Any) -> bool:
+    base, _ = _strip_annotated(annotation)
+    origin = get_origin(base)
+    if origin is Union or origin is types.UnionType:
+        return all(_is_hashable_type(a) for a in get_args(base) if a is not type(None))
+    if origin in (list, dict, set) or base in (list, dict, set, bytearray):
+        return False
+    return True
+
+
+def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool]:
+    """The call kind, the inner type to parse, and whether it is wrapped in ``Result``."""
+    origin = get_origin(annotation)
+    if origin in (collections.abc.Iterator, collections.abc.Iterable, collections.abc.Generator):
+        return ("astream" if is_async else "stream"), _only_arg(annotation), False
+    if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable):
+        return "astream", _only_arg(annotation), False
+    if origin is Result:
+        return ("async" if is_async else "sync"), _only_arg(annotation), True
+    if annotation is Result:
+        return ("async" if is_async else "sync"), str, True
+    return ("async" if is_async else "sync"), annotation, False
+
+
+def _only_arg(annotation: Any) -> Any:
+    args = get_args(annotation)
+    return args[0] if args else str
+
+
+def plan_method(
+    interface: type,
+    name: str,
+    function: Callable[..., Any],
+    *,
+    default_system: str | None,
+    has_memory_provider: bool,
+    problems: list[str],
+) -> MethodPlan | None:
+    """Analyse one method; problems are appended to ``problems``."""
+    qualname = f"{interface.__name__}.{name}"
+    where = f"{qualname}()"
+    before = len(problems)
+    try:
+        hints = typing.get_type_hints(function, include_extras=True)
+    except Exception as exc:
+        problems.append(_problem(where, f"its annotations cannot be resolved: {exc}"))
+        return None
+    signature = inspect.signature(function)
+    params = list(signature.parameters.values())
+    if not params or params[0].name not in ("self",) or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        problems.append(_problem(where, "an interface method takes `self` first"))
+        return None
+    params = params[1:]
+    names = tuple(p.name for p in params)
+
+    memory_index: int | None = None
+    memory_optional = False
+    user_name_index: int | None = None
+    variables: list[tuple[str, int]] = []
+    seen_aliases: dict[str, str] = {}
+    for index, param in enumerate(params):
+        pwhere = f"{qualname}({param.name})"
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            problems.append(
+                _problem(pwhere, "*args and **kwargs cannot become prompt variables; "
+                         "declare each parameter by name")
+            )
+            continue
+        annotation = hints.get(param.name, Any)
+        _, metadata = _strip_annotated(annotation)
+        is_memory = any(is_marker(m, MemoryId) for m in metadata)
+        is_user_name = any(is_marker(m, UserName) for m in metadata)
+        aliases = [m.name for m in metadata if isinstance(m, V)]
+        if is_memory:
+            if memory_index is not None:
+                problems.append(
+                    _problem(pwhere, f"a second MemoryId parameter (the first is "
+                             f"`{names[memory_index]}`); mark only one")
+                )
+            else:
+                memory_index = index
+                memory_optional = _admits_none(annotation)
+                if not _is_hashable_type(annotation):
+                    problems.append(
+                        _problem(pwhere, "a MemoryId must be hashable (str, int, UUID...), "
+                                 f"not {annotation!r}")
+                    )
+        if is_user_name:
+            if user_name_index is not None:
+                problems.append(_problem(pwhere, "a second UserName parameter; mark only one"))
+            else:
+                user_name_index = index
+        if len(aliases) > 1:
+            problems.append(_problem(pwhere, "more than one V(...) alias; give one"))
+        variable = aliases[0] if aliases else param.name
+        if variable in seen_aliases:
+            problems.append(
+                _problem(pwhere, f"template variable `{variable}` is already the name of "
+                         f"`{seen_aliases[variable]}`; choose another V(...) alias")
+            )
+        seen_aliases[variable] = param.name
+        variables.append((variable, index))
+    if memory_index is not None and not has_memory_provider:
+        problems.append(
+            _problem(f"{qualname}({names[memory_index]})",
+                     "a MemoryId parameter needs a chat_memory_provider: pass "
+                     "chat_memory_provider=MessageWindowChatMemory.provider(...) to ai_service")
+        )
+    if len(params) == 1 and "it" not in seen_aliases:
+        variables.append(("it", 0))
+    known = frozenset(v for v, _ in variables)
+
+    system_source = getattr(function, SYSTEM_ATTRIBUTE, None) or default_system
+    user_source = getattr(function, USER_ATTRIBUTE, None)
+    system_template = _template(system_source, "@system_message", where, known, problems)
+    user_template = _template(user_source, "@user_message", where, known, problems)
+
+    user_message_index: int | None = None
+    if user_source is None:
+        used = system_template.variables if system_template else frozenset()
+        used_indexes = {index for variable, index in variables if variable in used}
+        candidates = [
+            index
+            for index in range(len(params))
+            if index not in used_indexes and index not in (memory_index, user_name_index)
+        ]
+        if len(candidates) == 1:
+            user_message_index = candidates[0]
+        elif not candidates:
+            problems.append(
+                _problem(where, "there is no user message: add @user_message(\"...\") or a "
+                         "parameter that no template uses (it becomes the user message)")
+            )
+        else:
+            listed = ", ".join(f"`{names[i]}`" for i in candidates)
+            problems.append(
+                _problem(where, f"the user message is ambiguous: {listed} are all unused by "
+                         "templates; add @user_message(\"...\") that uses them")
+            )
+
+    is_async = inspect.iscoroutinefunction(function)
+    if "return" not in hints:
+        problems.append(
+            _problem(where, "declare a return type (str, a pydantic model, Result[T], ...)")
+        )
+        return None
+    kind, inner, wraps = _return_kind(hints["return"], is_async)
+    if kind in ("stream", "astream") and inner is not str:
+        problems.append(
+            _problem(where, f"a streaming method yields text: declare Iterator[str] or "
+                     f"AsyncIterator[str], not {hints['return']!r}")
+        )
+        return None
+    if kind == "stream" and get_origin(hints["return"]) in (
+        collections.abc.AsyncIterator, collections.abc.AsyncIterable
+    ):
+        kind = "astream"
+    try:
+        output = plan_output(inner)
+    except UnsupportedOutputType as exc:
+        problems.append(_problem(where, f"return type: {exc}"))
+        return None
+    if len(problems) > before:
+        return None
+    return MethodPlan(
+        qualname=qualname,
+        name=name,
+        kind=kind,
+        parameters=names,
+        signature=signature,
+        memory_id_index=memory_index,
+        memory_id_optional=memory_optional,
+        user_name_index=user_name_index,
+        variables=tuple(variables),
+        system_template=system_template,
+        user_template=user_template,
+        user_message_index=user_message_index,
+        output=output,
+        wraps_result=wraps,
+        doc=function.__doc__,
+    )
+
+
+def _template(
+    source: str | None, decorator: str, where: str, known: frozenset[str], problems: list[str]
+) -> Template | None:
+    if source is None:
+        return None
+    try:
+        template = Template.parse(source)
+    except ValueError as exc:
+        problems.append(_problem(where, f"{decorator}: {exc}"))
+        return None
+    unknown = template.unknown(known)
+    if unknown:
+        listed = ", ".join(f"{{{{{n}}}}}" for n in unknown)
+        choices = ", ".join(sorted(known | BUILTIN_VARIABLES))
+        problems.append(
+            _problem(where, f"{decorator} uses {listed}, which is not a parameter; "
+                     f"known: {choices}")
+        )
+    return template
+
+
+def plan_interface(
+    interface: object, *, has_memory_provider: bool
+) -> dict[str, MethodPlan]:
+    """Plans for every method of ``interface``, or one ``InterfaceError`` listing every problem."""
+    if not isinstance(interface, type):
+        raise InterfaceError(
+            f"ai_service() takes an interface class (a typing.Protocol), not {interface!r}"
+        )
+    if not getattr(interface, "_is_protocol", False):
+        raise InterfaceError(
+            f"{interface.__name__} must be a typing.Protocol: declare "
+            f"`class {interface.__name__}(Protocol): ...`"
+        )
+    default_system = getattr(interface, SYSTEM_ATTRIBUTE, None)
+    problems: list[str] = []
+    plans: dict[str, MethodPlan] = {}
+    methods = _interface_methods(interface)
+    if not methods:
+        raise InterfaceError(f"{interface.__name__} declares no method to implement")
+    for name, function in methods.items():
+        plan = plan_method(
+            interface,
+            name,
+            function,
+            default_system=default_system,
+            has_memory_provider=has_memory_provider,
+            problems=problems,
+        )
+        if plan is not None:
+            plans[name] = plan
+    if problems:
+        raise InterfaceError(problems)
+    return plans
+
+

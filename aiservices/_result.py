@@ -1,0 +1,35 @@
+"""``Result[T]``: a typed answer together with what the call cost and did."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from .messages import AiMessage
+from .models import TokenUsage
+
+if TYPE_CHECKING:
+    from .tools import ToolExecution
+
+__all__ = ["Result"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Generic[T]):
+    """A method's answer with its metadata; declare ``-> Result[T]`` to get one.
+
+    ``token_usage`` is summed over every model round of the call (``None`` when the model
+    reported none); ``tool_executions`` lists each tool request with its result, in order;
+    ``memory_id`` is the conversation the call used (a new uuid when an optional memory id
+    was ``None``).
+    """
+
+    content: T
+    token_usage: TokenUsage | None = None
+    finish_reason: str | None = None
+    tool_executions: Sequence[ToolExecution] = field(default_factory=tuple)
+    memory_id: Hashable | None = None
+    ai_message: AiMessage | None = None

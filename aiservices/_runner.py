@@ -1,0 +1,449 @@
+"""The one loop behind every service call: memory -> render -> model -> tools -> parse -> commit.
+
+The turn itself is a generator that yields the I/O it needs (read the memory, call the
+model, run tools, commit) and never does any; ``run_sync`` and ``run_async`` perform that
+I/O the blocking or the awaiting way. One loop, two drivers, no rule written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Hashable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from ._locks import TurnLock
+from ._plan import MethodPlan
+from ._result import Result
+from ._templates import render_value
+from ._toolbox import Toolbox
+from .errors import OutputParseError, ToolLimitError
+from .memory import ChatMemory
+from .memory._base import ChatMemoryProvider
+from .messages import (
+    AiMessage,
+    ChatMessage,
+    SystemMessage,
+    ToolExecutionRequest,
+    UserMessage,
+    _trusted,
+    new_message_id,
+)
+from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, TokenUsage
+from .tools import ToolExecution
+
+__all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
+
+DEFAULT_MEMORY_ID: Final = "default"
+
+# Operations a turn yields to its driver.
+_READ: Final = 0
+_MODEL: Final = 1
+_TOOLS: Final = 2
+_COMMIT: Final = 3
+
+_now = datetime.now
+
+
+class Conversation:
+    """A cached memory with the lock that serialises its turns."""
+
+    __slots__ = ("lock", "memory", "users")
+
+    def __init__(self, memory: ChatMemory) -> None:
+        self.memory = memory
+        self.lock = TurnLock()
+        self.users = 0
+
+
+@dataclass(slots=True)
+class ServiceState:
+    """What every call of one service shares."""
+
+    model: ChatModel | None
+    model_spec: str | None
+    chat_memory: ChatMemory | None
+    memory_provider: ChatMemoryProvider | None
+    toolbox: Toolbox
+    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None
+    tool_error_handler: Callable[..., str] | None
+    system_message_provider: Callable[[Hashable], str | None] | None
+    max_tool_invocations: int
+    max_output_retries: int
+    parameters: ChatRequestParameters
+    cache_size: int
+    conversations: OrderedDict[Hashable, Conversation]
+    table_lock: threading.Lock
+    single: Conversation | None = None
+
+    # -- the model -------------------------------------------------------------------
+
+    def chat_model(self) -> ChatModel:
+        model = self.model
+        if model is None:
+            from .models._registry import resolve_model
+
+            with self.table_lock:
+                if self.model is None:
+                    assert self.model_spec is not None
+                    self.model = resolve_model(self.model_spec)
+                model = self.model
+        return model
+
+    # -- conversations ---------------------------------------------------------------
+
+    def conversation(self, memory_id: Hashable, *, create: bool = True) -> Conversation | None:
+        """The cached conversation for ``memory_id``, made by the provider on a miss."""
+        table = self.conversations
+        with self.table_lock:
+            entry = table.get(memory_id)
+            if entry is not None:
+                table.move_to_end(memory_id)
+                entry.users += 1
+                return entry
+        if not create or self.memory_provider is None:
+            return None
+        memory = self.memory_provider(memory_id)
+        with self.table_lock:
+            entry = table.get(memory_id)
+            if entry is None:
+                entry = table[memory_id] = Conversation(memory)
+                self._trim()
+            else:
+                table.move_to_end(memory_id)
+            entry.users += 1
+            return entry
+
+    def _trim(self) -> None:
+        table = self.conversations
+        excess = len(table) - self.cache_size
+        if excess <= 0:
+            return
+        # Least recently used first; a conversation in use keeps its lock alive.
+        for key in [k for k, c in table.items() if c.users == 0][:excess]:
+            del table[key]
+
+    def done(self, entry: Conversation) -> None:
+        with self.table_lock:
+            entry.users -= 1
+
+    def evict(self, memory_id: Hashable) -> None:
+        with self.table_lock:
+            entry = self.conversations.get(memory_id)
+            if entry is not None and entry.users == 0:
+                del self.conversations[memory_id]
+
+    def toolbox_for(self, memory_id: Hashable, user: UserMessage) -> Toolbox:
+        provider = self.tool_provider
+        if provider is None:
+            return self.toolbox
+        extra = list(provider(memory_id, user))
+        if not extra:
+            return self.toolbox
+        dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
+        return self.toolbox.merge(dynamic) if self.toolbox else dynamic
+
+
+@dataclass(slots=True)
+class _Call:
+    """One call's bound inputs, before any I/O."""
+
+    plan: MethodPlan
+    memory_id: Hashable | None
+    conversation: Conversation | None
+    system: SystemMessage | None
+    user: UserMessage
+
+
+def _stamp(cls: type[Any], values: dict[str, Any], turn_id: str) -> Any:
+    values["message_id"] = new_message_id()
+    values["turn_id"] = turn_id
+    values["created_at"] = _now(UTC)
+    return _trusted(cls, values)
+
+
+def _recorded(message: ChatMessage, turn_id: str) -> Any:
+    return _stamp(type(message), dict(message.__dict__), turn_id)
+
+
+def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> _Call:
+    """Resolve the conversation and render the prompts: all a call does before its turn."""
+    memory_id: Hashable | None = None
+    conversation: Conversation | None = None
+    index = plan.memory_id_index
+    if index is not None:
+        memory_id = args[index]
+        if memory_id is None:
+            if not plan.memory_id_optional:
+                raise ValueError(
+                    f"{plan.qualname}({plan.parameters[index]}): the memory id is None; pass "
+                    "an id, or declare the parameter optional (`str | None`) to start a new "
+                    "conversation"
+                )
+            memory_id = str(uuid.uuid4())
+        try:
+            conversation = state.conversation(memory_id)
+        except TypeError:
+            if isinstance(memory_id, Hashable):
+                raise
+            raise TypeError(
+                f"{plan.qualname}({plan.parameters[index]}): the memory id {memory_id!r} is "
+                f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"
+            ) from None
+    elif state.single is not None:
+        conversation = state.single
+        memory_id = conversation.memory.id
+        with state.table_lock:
+            conversation.users += 1
+    elif state.memory_provider is not None:
+        memory_id = DEFAULT_MEMORY_ID
+        conversation = state.conversation(memory_id)
+
+    values = {name: args[i] for name, i in plan.variables} if plan.variables else {}
+    system: SystemMessage | None = None
+    if plan.system_template is not None:
+        system = SystemMessage.model_construct(text=plan.system_template.render(values))
+    elif state.system_message_provider is not None:
+        text = state.system_message_provider(memory_id)
+        if text is not None:
+            system = SystemMessage.model_construct(text=text)
+    if plan.user_template is not None:
+        text = plan.user_template.render(values)
+    else:
+        assert plan.user_message_index is not None
+        value = args[plan.user_message_index]
+        text = value if type(value) is str else render_value(value)
+    name = args[plan.user_name_index] if plan.user_name_index is not None else None
+    user = UserMessage.model_construct(text=text, name=name)
+    return _Call(plan, memory_id, conversation, system, user)
+
+
+def _request_base(
+    history: list[ChatMessage], system: SystemMessage | None
+) -> tuple[list[ChatMessage], bool]:
+    """The window the model sees before this turn, and whether ``system`` must be recorded."""
+    if system is None:
+        return list(history), False
+    for i, message in enumerate(history):
+        if type(message) is SystemMessage:
+            if message.text == system.text:
+                return list(history), False
+            rest = history[:i] + history[i + 1 :]
+            return [system, *rest], True
+    return [system, *history], True
+
+
+def _feedback(error: ValueError) -> UserMessage:
+    return UserMessage.model_construct(
+        text=f"{error}\nAnswer again, with only the value in the requested format.", name=None
+    )
+
+
+def _turn(
+    state: ServiceState, call: _Call
+) -> Generator[tuple[int, Any], Any, Any]:
+    """One turn; yields (operation, argument) pairs to its driver and returns the answer."""
+    plan = call.plan
+    output = plan.output
+    turn_id = new_message_id()
+    history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
+    messages, record_system = _request_base(history, call.system)
+    user = _stamp(UserMessage, dict(call.user.__dict__), turn_id)
+    messages.append(user)
+    recorded: list[ChatMessage] = [user]
+    if record_system:
+        assert call.system is not None
+        recorded.insert(0, _stamp(SystemMessage, dict(call.system.__dict__), turn_id))
+
+    toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
+    specifications = toolbox.specifications
+    response_format = output.response_format
+    parameters = state.parameters
+    usage: TokenUsage | None = None
+    executions: list[ToolExecution] = []
+    tool_rounds = 0
+    retries = 0
+    scratch: list[ChatMessage] = []
+    while True:
+        request = ChatRequest(
+            messages + scratch if scratch else messages,
+            specifications,
+            response_format,
+            parameters,
+        )
+        response: ChatResponse = yield _MODEL, request
+        if response.token_usage is not None:
+            usage = response.token_usage if usage is None else usage + response.token_usage
+        ai = _recorded(response.ai_message, turn_id)
+        requests: list[ToolExecutionRequest] = ai.tool_execution_requests
+        if requests:
+            if tool_rounds >= state.max_tool_invocations:
+                raise ToolLimitError(
+                    f"{plan.qualname}: the model asked for tools again after "
+                    f"{tool_rounds} tool round(s); max_tool_invocations="
+                    f"{state.max_tool_invocations}. Raise the limit or check the tools' answers",
+                    limit=state.max_tool_invocations,
+                )
+            tool_rounds += 1
+            scratch = []
+            messages.append(ai)
+            recorded.append(ai)
+            results: list[ToolExecution] = yield _TOOLS, (toolbox, requests, call.memory_id)
+            for execution in results:
+                result = _recorded(execution.to_message(), turn_id)
+                messages.append(result)
+                recorded.append(result)
+            executions.extend(results)
+            if results and all(e.return_direct for e in results):
+                value = _direct_value(plan, results)
+                yield _COMMIT, recorded
+                return _answer(plan, value, usage, response, executions, call.memory_id, None)
+            continue
+        if output.returns_ai_message:
+            value = ai
+        else:
+            try:
+                value = output.parse(ai.text)
+            except ValueError as error:
+                if retries >= state.max_output_retries:
+                    raise OutputParseError(
+                        f"{plan.qualname}: the answer could not be parsed as "
+                        f"{_type_name(output.annotation)} after {retries + 1} attempt(s): {error}",
+                        raw_text=ai.text,
+                        attempts=retries + 1,
+                    ) from error
+                retries += 1
+                scratch = [ai, _feedback(error)]
+                continue
+        recorded.append(ai)
+        yield _COMMIT, recorded
+        return _answer(plan, value, usage, response, executions, call.memory_id, ai)
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or repr(annotation)
+
+
+def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
+    if plan.output.returns_ai_message:
+        return AiMessage("\n".join(r.result for r in results))
+    if len(results) == 1 and plan.output.response_format is not None:
+        return plan.output.parse(results[0].result)
+    return plan.output.parse("\n".join(r.result for r in results))
+
+
+def _answer(
+    plan: MethodPlan,
+    value: Any,
+    usage: TokenUsage | None,
+    response: ChatResponse,
+    executions: list[ToolExecution],
+    memory_id: Hashable | None,
+    ai: AiMessage | None,
+) -> Any:
+    if not plan.wraps_result:
+        return value
+    return Result(value, usage, response.finish_reason, tuple(executions), memory_id, ai)
+
+
+# -- drivers -------------------------------------------------------------------------
+
+
+def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
+    """Run a call on the calling thread."""
+    call = bind(state, plan, args)
+    conversation = call.conversation
+    if conversation is None:
+        return _drive(state, call, None)
+    try:
+        conversation.lock.acquire()
+        try:
+            return _drive(state, call, conversation.memory)
+        finally:
+            conversation.lock.release()
+    finally:
+        state.done(conversation)
+
+
+def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
+    model = state.model or state.chat_model()
+    turn = _turn(state, call)
+    send = turn.send
+    value: Any = None
+    try:
+        while True:
+            op, argument = send(value)
+            if op == _MODEL:
+                value = model.chat(argument)
+            elif op == _READ:
+                assert memory is not None
+                value = memory.messages()
+            elif op == _TOOLS:
+                toolbox, requests, memory_id = argument
+                value = toolbox.execute_all(requests, memory_id)
+            else:
+                if memory is not None:
+                    _commit(memory, argument)
+                value = None
+    except StopIteration as stop:
+        return stop.value
+
+
+def _commit(memory: ChatMemory, messages: list[ChatMessage]) -> None:
+    memory.add(*messages)
+
+
+async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
+    """Run a call on the running event loop; blocking I/O goes to worker threads."""
+    call = bind(state, plan, args)
+    conversation = call.conversation
+    if conversation is None:
+        return await _adrive(state, call, None)
+    try:
+        await conversation.lock.aacquire()
+        try:
+            return await _adrive(state, call, conversation.memory)
+        finally:
+            conversation.lock.release()
+    finally:
+        state.done(conversation)
+
+
+async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
+    model = state.model or state.chat_model()
+    achat = getattr(model, "achat", None)
+    turn = _turn(state, call)
+    send = turn.send
+    value: Any = None
+    try:
+        while True:
+            op, argument = send(value)
+            if op == _MODEL:
+                if achat is not None:
+                    value = await achat(argument)
+                else:
+                    value = await asyncio.to_thread(model.chat, argument)
+            elif op == _READ:
+                assert memory is not None
+                value = await _amemory(memory, "amessages", memory.messages)
+            elif op == _TOOLS:
+                toolbox, requests, memory_id = argument
+                value = await toolbox.aexecute_all(requests, memory_id)
+            else:
+                if memory is not None:
+                    await _amemory(memory, "aadd", memory.add, *argument)
+                value = None
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _amemory(memory: ChatMemory, name: str, blocking: Callable[..., Any], *args: Any) -> Any:
+    native = getattr(memory, name, None)
+    if native is not None:
+        return await native(*args)
+    return await asyncio.to_thread(blocking, *args)
+

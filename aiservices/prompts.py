@@ -1,0 +1,54 @@
+"""``@system_message`` and ``@user_message``: prompt templates declared on an interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+__all__ = ["system_message", "user_message"]
+
+_T = TypeVar("_T", bound=Callable[..., Any] | type)
+
+SYSTEM_ATTRIBUTE: Final = "__aiservices_system_message__"
+USER_ATTRIBUTE: Final = "__aiservices_user_message__"
+
+
+def _join(template: str | list[str] | tuple[str, ...], decorator: str) -> str:
+    if isinstance(template, str):
+        return template
+    if isinstance(template, (list, tuple)) and all(isinstance(t, str) for t in template):
+        return "\n".join(template)
+    raise TypeError(
+        f"@{decorator} takes a template string (or a list of lines), not {template!r}"
+    )
+
+
+def system_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T], _T]:
+    """Give a method (or, on the interface class, every method) a system message template.
+
+    A list of strings is joined with newlines. ``{{name}}`` placeholders are filled from
+    the method's parameters; they are checked when the service is built.
+    """
+    text = _join(template, "system_message")
+
+    def decorate(target: _T) -> _T:
+        setattr(target, SYSTEM_ATTRIBUTE, text)
+        return target
+
+    return decorate
+
+
+def user_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T], _T]:
+    """Give a method the template of the user message it sends.
+
+    Without it, the user message is the method's one parameter that no template uses.
+    """
+    text = _join(template, "user_message")
+
+    def decorate(target: _T) -> _T:
+        if isinstance(target, type):
+            raise TypeError("@user_message goes on a method, not on a class")
+        setattr(target, USER_ATTRIBUTE, text)
+        return target
+
+    return decorate
