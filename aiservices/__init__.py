@@ -1,9 +1,24 @@
-"""aiservices: turn a typed ``Protocol`` into a working LLM agent."""
+"""aiservices: turn a typed ``Protocol`` into a working LLM agent.
+
+Store classes backed by an optional driver (SQLite, Redis, PostgreSQL) are imported on
+first use, so ``import aiservices`` stays light and needs no extra installed.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._result import Result
 from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
 from .markers import MemoryId, UserName, V
+from .memory import (
+    ChatMemory,
+    ChatMemoryProvider,
+    MessageWindowChatMemory,
+    TokenCountEstimator,
+    TokenWindowChatMemory,
+)
 from .messages import (
     AiMessage,
     ChatMessage,
@@ -14,23 +29,81 @@ from .messages import (
     messages_from_json,
     messages_to_json,
 )
+from .models import (
+    ChatModel,
+    ChatRequest,
+    ChatRequestParameters,
+    ChatResponse,
+    ResponseFormat,
+    TokenUsage,
+    ToolSpecification,
+)
+from .prompts import system_message, user_message
+from .service import ChatMemoryAccess, ai_service
+from .stores import ChatMemoryStore, InMemoryChatMemoryStore
+from .tools import ToolExecution, tool
+
+if TYPE_CHECKING:
+    from .stores.postgres import PostgresChatMemoryStore
+    from .stores.redis import RedisChatMemoryStore
+    from .stores.sqlite import SqliteChatMemoryStore
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "SqliteChatMemoryStore": ".stores.sqlite",
+    "RedisChatMemoryStore": ".stores.redis",
+    "PostgresChatMemoryStore": ".stores.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiservices' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AiMessage",
     "AiServiceError",
+    "ChatMemory",
+    "ChatMemoryAccess",
+    "ChatMemoryProvider",
+    "ChatMemoryStore",
     "ChatMessage",
+    "ChatModel",
+    "ChatRequest",
+    "ChatRequestParameters",
+    "ChatResponse",
+    "InMemoryChatMemoryStore",
     "InterfaceError",
     "MemoryId",
+    "MessageWindowChatMemory",
     "OutputParseError",
+    "PostgresChatMemoryStore",
+    "RedisChatMemoryStore",
+    "ResponseFormat",
+    "Result",
+    "SqliteChatMemoryStore",
     "SystemMessage",
+    "TokenCountEstimator",
+    "TokenUsage",
+    "TokenWindowChatMemory",
+    "ToolExecution",
     "ToolExecutionRequest",
     "ToolExecutionResultMessage",
     "ToolLimitError",
+    "ToolSpecification",
     "UserMessage",
     "UserName",
     "V",
+    "ai_service",
     "messages_from_json",
     "messages_to_json",
+    "system_message",
+    "tool",
+    "user_message",
 ]

@@ -125,13 +125,14 @@ def plan_method(
     default_system: str | None,
     has_memory_provider: bool,
     problems: list[str],
+    localns: dict[str, Any] | None = None,
 ) -> MethodPlan | None:
     """Analyse one method; problems are appended to ``problems``."""
     qualname = f"{interface.__name__}.{name}"
     where = f"{qualname}()"
     before = len(problems)
     try:
-        hints = typing.get_type_hints(function, include_extras=True)
+        hints = typing.get_type_hints(function, localns=localns, include_extras=True)
     except Exception as exc:
         problems.append(_problem(where, f"its annotations cannot be resolved: {exc}"))
         return None
@@ -296,9 +297,13 @@ def _template(
 
 
 def plan_interface(
-    interface: object, *, has_memory_provider: bool
+    interface: object, *, has_memory_provider: bool, localns: dict[str, Any] | None = None
 ) -> dict[str, MethodPlan]:
-    """Plans for every method of ``interface``, or one ``InterfaceError`` listing every problem."""
+    """Plans for every method of ``interface``, or one ``InterfaceError`` listing every problem.
+
+    ``localns`` resolves annotations naming classes local to the function that built the
+    service (string annotations cannot see them otherwise).
+    """
     if not isinstance(interface, type):
         raise InterfaceError(
             f"ai_service() takes an interface class (a typing.Protocol), not {interface!r}"
@@ -322,6 +327,7 @@ def plan_interface(
             default_system=default_system,
             has_memory_provider=has_memory_provider,
             problems=problems,
+            localns=localns,
         )
         if plan is not None:
             plans[name] = plan

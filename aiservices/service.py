@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -162,6 +163,7 @@ def _build(
     max_output_retries: int,
     parameters: ChatRequestParameters | None,
     chat_memory_cache_size: int,
+    localns: dict[str, Any] | None,
 ) -> T:
     chat_model, model_spec = _check_model(model)
     problems: list[str] = []
@@ -182,7 +184,9 @@ def _build(
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
     if problems:
         raise InterfaceError(problems)
-    plans = plan_interface(interface, has_memory_provider=chat_memory_provider is not None)
+    plans = plan_interface(
+        interface, has_memory_provider=chat_memory_provider is not None, localns=localns
+    )
     toolbox = Toolbox.from_objects(list(tools), error_handler=tool_error_handler)
     state = ServiceState(
         model=chat_model,
@@ -207,7 +211,7 @@ def _build(
     namespace["__module__"] = interface.__module__
     namespace["__doc__"] = interface.__doc__
     cls = type(f"{interface.__name__}Service", (_ServiceBase, interface), namespace)
-    instance = object.__new__(cls)
+    instance: Any = object.__new__(cls)
     instance._state = state
     return instance  # type: ignore[no-any-return]
 
@@ -291,9 +295,12 @@ def ai_service(
         "parameters": parameters,
         "chat_memory_cache_size": chat_memory_cache_size,
     }
+    # Annotations may name classes local to the caller's function: resolve them there too.
+    options["localns"] = dict(sys._getframe(1).f_locals)
     if interface is None:
 
         def decorate(cls: Callable[..., T]) -> T:
+            options["localns"].update(sys._getframe(1).f_locals)
             return _build(cls, **options)
 
         return decorate

@@ -1,0 +1,175 @@
+"""Building a service: the interface is analysed once, and every mistake fails the build."""
+
+from __future__ import annotations
+
+from typing import Annotated, Protocol
+
+import pytest
+
+from aiservices import (
+    InterfaceError,
+    MemoryId,
+    MessageWindowChatMemory,
+    UserName,
+    V,
+    ai_service,
+    system_message,
+    user_message,
+)
+from aiservices.testing import ScriptedChatModel
+
+
+def build(interface: type, **options: object) -> object:
+    options.setdefault("model", ScriptedChatModel(default="ok"))
+    return ai_service(interface, **options)  # type: ignore[arg-type]
+
+
+def problems(interface: type, **options: object) -> list[str]:
+    with pytest.raises(InterfaceError) as info:
+        build(interface, **options)
+    return info.value.problems
+
+
+def test_memory_id_without_provider_fails_at_build_naming_method_and_parameter() -> None:
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+    [problem] = problems(Bot)
+    assert problem.startswith("Bot.chat(user)")
+    assert "chat_memory_provider" in problem
+
+
+def test_two_memory_ids_fail() -> None:
+    class Bot(Protocol):
+        def chat(
+            self, a: Annotated[str, MemoryId], b: Annotated[str, MemoryId], message: str
+        ) -> str: ...
+
+    found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    assert any(p.startswith("Bot.chat(b)") and "second MemoryId" in p for p in found)
+
+
+def test_unknown_template_variable_fails_and_lists_known_names() -> None:
+    class Bot(Protocol):
+        @system_message("You sell {{prodcut}}.")
+        def chat(self, message: str, product: str) -> str: ...
+
+    found = problems(Bot)
+    assert found[0].startswith("Bot.chat()")
+    assert "{{prodcut}}" in found[0]
+    assert "known: current_date, current_date_time, current_time, message, product" in found[0]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    class Bot(Protocol):
+        @user_message("{{nope}}")
+        def a(self, x: str) -> str: ...
+
+        def b(self, x: str, y: str) -> str: ...
+
+        def c(self) -> str: ...
+
+    found = problems(Bot)
+    assert len(found) == 3
+    assert [p.split(":")[0] for p in found] == ["Bot.a()", "Bot.b()", "Bot.c()"]
+    assert "ambiguous" in found[1]
+    assert "no user message" in found[2]
+
+
+def test_unsupported_return_type_fails_at_build() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> object: ...
+
+    [problem] = problems(Bot)
+    assert problem.startswith("Bot.chat()")
+    assert "return type" in problem
+
+
+def test_missing_return_annotation_fails() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str): ...  # type: ignore[no-untyped-def]
+
+    [problem] = problems(Bot)
+    assert "return type" in problem
+
+
+def test_var_args_fail() -> None:
+    class Bot(Protocol):
+        def chat(self, *messages: str) -> str: ...
+
+    assert any("*args" in p for p in problems(Bot))
+
+
+def test_duplicate_alias_fails() -> None:
+    class Bot(Protocol):
+        @user_message("{{topic}}")
+        def chat(self, a: Annotated[str, V("topic")], topic: str) -> str: ...
+
+    assert any("already" in p for p in problems(Bot))
+
+
+def test_not_a_protocol_fails() -> None:
+    class Bot:
+        def chat(self, message: str) -> str:
+            return message
+
+    with pytest.raises(InterfaceError, match="typing.Protocol"):
+        build(Bot)
+
+
+def test_model_must_be_a_chat_model_or_known_string() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+    with pytest.raises(InterfaceError, match="openai:MODEL"):
+        build(Bot, model="gpt-4o")
+    with pytest.raises(InterfaceError, match="ChatModel"):
+        build(Bot, model=object())
+
+
+def test_interface_error_is_a_type_error() -> None:
+    class Bot(Protocol):
+        def chat(self) -> str: ...
+
+    with pytest.raises(TypeError):
+        build(Bot)
+
+
+def test_user_name_and_memory_id_are_not_the_user_message() -> None:
+    class Bot(Protocol):
+        def chat(
+            self,
+            who: Annotated[str, UserName],
+            conversation: Annotated[str, MemoryId],
+            message: str,
+        ) -> str: ...
+
+    bot = build(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    assert hasattr(bot, "chat")
+
+
+def test_class_decorator_form_makes_the_service() -> None:
+    model = ScriptedChatModel("hello")
+
+    @ai_service(model=model)
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+    assert Bot.chat("hi") == "hello"
+
+
+def test_service_keeps_the_interface_signature_and_type() -> None:
+    import inspect
+
+    class Bot(Protocol):
+        @user_message("{{message}} ({{tone}})")
+        def chat(self, message: str, *, tone: str = "calm") -> str:
+            """Talk."""
+            ...
+
+    bot = build(Bot)
+    assert Bot in type(bot).__mro__
+    assert str(inspect.signature(bot.chat)) == "(message: 'str', *, tone: 'str' = 'calm') -> 'str'"  # type: ignore[attr-defined]
+    assert bot.chat.__doc__ == "Talk."  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        bot.chat()  # type: ignore[attr-defined]

@@ -1,0 +1,69 @@
+"""Checked by mypy in CI: a service is typed as its interface, and wrong calls are errors.
+
+Each ``# type: ignore[code]`` below marks a call mypy must reject; with
+``warn_unused_ignores`` an accepted wrong call fails the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Annotated, Protocol, assert_type
+
+from pydantic import BaseModel
+
+from aiservices import (
+    ChatMemory,
+    ChatMemoryAccess,
+    MemoryId,
+    MessageWindowChatMemory,
+    Result,
+    ai_service,
+    system_message,
+    user_message,
+)
+from aiservices.testing import ScriptedChatModel
+
+
+class Verdict(BaseModel):
+    sentiment: str
+    score: float
+
+
+class Assistant(ChatMemoryAccess, Protocol):
+    @system_message("You are a support agent for {{product}}.")
+    def chat(self, user: Annotated[str, MemoryId], message: str, product: str) -> str: ...
+
+    @user_message("Classify the sentiment of: {{text}}")
+    def classify(self, text: str) -> Verdict: ...
+
+    @user_message("Classify: {{text}}")
+    def classify_with_usage(self, text: str) -> Result[Verdict]: ...
+
+    async def achat(self, user: Annotated[str, MemoryId], message: str, product: str) -> str: ...
+
+
+bot = ai_service(
+    Assistant,
+    model=ScriptedChatModel(default="ok"),
+    chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+)
+assert_type(bot, Assistant)
+assert_type(bot.chat("alice", "Hi", product="Acme"), str)
+assert_type(bot.classify("great"), Verdict)
+assert_type(bot.classify_with_usage("great").content, Verdict)
+assert_type(bot.get_chat_memory("alice"), ChatMemory)
+
+
+async def use_async() -> str:
+    answer = await bot.achat("alice", "Hi", product="Acme")
+    assert_type(answer, str)
+    return answer
+
+
+memory_id: Hashable = "alice"
+bot.evict_chat_memory(memory_id)
+
+bot.chat("alice", "Hi")  # type: ignore[call-arg]
+bot.chat("alice", 42, product="Acme")  # type: ignore[arg-type]
+bot.classify("x").nope  # type: ignore[attr-defined]
+bot.missing_method()  # type: ignore[attr-defined]
