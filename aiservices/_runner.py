@@ -155,8 +155,9 @@ class _Call:
     plan: MethodPlan
     memory_id: Hashable | None
     conversation: Conversation | None
-    system: SystemMessage | None
-    user: UserMessage
+    system_text: str | None
+    user_text: str
+    user_name: str | None
 
 
 def _stamp(cls: type[Any], values: dict[str, Any], turn_id: str) -> Any:
@@ -204,13 +205,11 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> _Call:
         conversation = state.conversation(memory_id)
 
     values = {name: args[i] for name, i in plan.variables} if plan.variables else {}
-    system: SystemMessage | None = None
+    system: str | None = None
     if plan.system_template is not None:
-        system = SystemMessage.model_construct(text=plan.system_template.render(values))
+        system = plan.system_template.render(values)
     elif state.system_message_provider is not None:
-        text = state.system_message_provider(memory_id)
-        if text is not None:
-            system = SystemMessage.model_construct(text=text)
+        system = state.system_message_provider(memory_id)
     if plan.user_template is not None:
         text = plan.user_template.render(values)
     else:
@@ -218,29 +217,31 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> _Call:
         value = args[plan.user_message_index]
         text = value if type(value) is str else render_value(value)
     name = args[plan.user_name_index] if plan.user_name_index is not None else None
-    user = UserMessage.model_construct(text=text, name=name)
-    return _Call(plan, memory_id, conversation, system, user)
+    return _Call(plan, memory_id, conversation, system, text, name)
 
 
 def _request_base(
-    history: list[ChatMessage], system: SystemMessage | None
-) -> tuple[list[ChatMessage], bool]:
-    """The window the model sees before this turn, and whether ``system`` must be recorded."""
-    if system is None:
-        return list(history), False
+    history: list[ChatMessage], system_text: str | None, turn_id: str
+) -> tuple[list[ChatMessage], SystemMessage | None]:
+    """The window the model sees before this turn, and the system message to record if any.
+
+    A new or changed system message goes first and the old one, if any, leaves.
+    """
+    if system_text is None:
+        return list(history), None
+    rest = history
     for i, message in enumerate(history):
         if type(message) is SystemMessage:
-            if message.text == system.text:
-                return list(history), False
+            if message.text == system_text:
+                return list(history), None
             rest = history[:i] + history[i + 1 :]
-            return [system, *rest], True
-    return [system, *history], True
+            break
+    system = _stamp(SystemMessage, {"type": "system", "text": system_text}, turn_id)
+    return [system, *rest], system
 
 
 def _feedback(error: ValueError) -> UserMessage:
-    return UserMessage.model_construct(
-        text=f"{error}\nAnswer again, with only the value in the requested format.", name=None
-    )
+    return UserMessage(f"{error}\nAnswer again, with only the value in the requested format.")
 
 
 def _turn(
@@ -251,13 +252,12 @@ def _turn(
     output = plan.output
     turn_id = new_message_id()
     history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
-    messages, record_system = _request_base(history, call.system)
-    user = _stamp(UserMessage, dict(call.user.__dict__), turn_id)
+    messages, system = _request_base(history, call.system_text, turn_id)
+    user = _stamp(
+        UserMessage, {"type": "user", "text": call.user_text, "name": call.user_name}, turn_id
+    )
     messages.append(user)
-    recorded: list[ChatMessage] = [user]
-    if record_system:
-        assert call.system is not None
-        recorded.insert(0, _stamp(SystemMessage, dict(call.system.__dict__), turn_id))
+    recorded: list[ChatMessage] = [user] if system is None else [system, user]
 
     toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
     specifications = toolbox.specifications
