@@ -29,6 +29,7 @@ from .messages import (
     ChatMessage,
     SystemMessage,
     ToolExecutionRequest,
+    ToolExecutionResultMessage,
     UserMessage,
     _trusted,
     new_message_id,
@@ -241,7 +242,7 @@ def _request_base(
 
 
 def _feedback(error: ValueError) -> UserMessage:
-    return UserMessage(f"{error}\nAnswer again, with only the value in the requested format.")
+    return UserMessage(str(error))
 
 
 def _turn(
@@ -270,7 +271,8 @@ def _turn(
     scratch: list[ChatMessage] = []
     while True:
         request = ChatRequest(
-            messages + scratch if scratch else messages,
+            # a snapshot: the turn goes on appending to `messages` after the request is sent
+            messages + scratch if scratch else messages.copy(),
             specifications,
             response_format,
             parameters,
@@ -294,7 +296,16 @@ def _turn(
             recorded.append(ai)
             results: list[ToolExecution] = yield _TOOLS, (toolbox, requests, call.memory_id)
             for execution in results:
-                result = _recorded(execution.to_message(), turn_id)
+                result = _stamp(
+                    ToolExecutionResultMessage,
+                    {
+                        "type": "tool_result",
+                        "id": execution.request.id,
+                        "tool_name": execution.request.name,
+                        "text": execution.result,
+                    },
+                    turn_id,
+                )
                 messages.append(result)
                 recorded.append(result)
             executions.extend(results)

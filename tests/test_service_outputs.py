@@ -74,7 +74,7 @@ def test_a_bad_answer_is_retried_with_the_error_and_only_the_good_one_is_recorde
     retry = model.requests[1].messages
     assert retry[-2].text == "not json at all"
     assert isinstance(retry[-1], UserMessage)
-    assert "Answer again" in retry[-1].text
+    assert "Answer again with JSON" in retry[-1].text
     recorded = memory("u").messages()
     assert [m.text for m in recorded] == ["awful", '{"sentiment": "negative", "score": 0.1}']
 

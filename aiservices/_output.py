@@ -1,0 +1,856 @@
+"""Return annotation -> response format and parser: the one registry for typed answers.
+
+:func:`plan_output` reads a method's return type once, when the service is built, and
+returns an :class:`OutputPlan`: the JSON schema the model is asked to follow and a parser
+for its answer. Parsing tries the answer as it is first (one pydantic ``validate_json``
+call) and looks for JSON inside fences, prose or a ``{"value": ...}`` object only when
+that fails, so a well-formed answer costs what pydantic costs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import json
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+from functools import lru_cache
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+
+import typing_extensions
+from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
+from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
+
+from .messages import AiMessage
+from .models import ResponseFormat
+
+__all__ = ["OutputPlan", "UnsupportedOutputType", "plan_output"]
+
+_SUPPORTED: Final = (
+    "str, AiMessage, bool, int, float, Decimal, date, datetime, Enum subclasses, "
+    "Literal[...], pydantic models, dataclasses, TypedDict, list[T], set[T], frozenset[T], "
+    "tuple[T, ...], tuple[A, B], dict[str, T], and unions of these such as T | None"
+)
+
+_RETRY_HINT: Final = "Answer again with JSON matching the schema."
+
+
+class UnsupportedOutputType(TypeError):
+    """A return type the parser cannot produce; the message names it and what is supported."""
+
+
+def _text(text: str | None) -> str:
+    return "" if text is None else text
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How one return type is asked for and read back.
+
+    ``response_format`` is ``None`` for ``str`` and ``AiMessage`` (the answer is free text).
+    """
+
+    annotation: Any
+    response_format: ResponseFormat | None
+    returns_ai_message: bool = False
+    _parser: Callable[[str | None], Any] = field(default=_text, repr=False, compare=False)
+
+    def parse(self, text: str | None) -> Any:
+        """The typed value of an answer's text.
+
+        Raises ``ValueError`` whose message says what failed and asks for JSON matching
+        the schema, fit to send back to the model as is.
+        """
+        return self._parser(text)
+
+
+def plan_output(annotation: Any) -> OutputPlan:
+    """Analyse a return type once: its response format and its parser.
+
+    Raises :class:`UnsupportedOutputType` naming the type, what is wrong with it and the
+    supported types.
+    """
+    try:
+        hash(annotation)
+    except TypeError:
+        return _plan(annotation)
+    return _plan_cached(annotation)
+
+
+@lru_cache(maxsize=256)
+def _plan_cached(annotation: Any) -> OutputPlan:
+    # Services built from the same Protocol, or methods sharing a return type, share one
+    # plan: a TypeAdapter and its schema cost milliseconds to build.
+    return _plan(annotation)
+
+
+_TEXT_PLAN: Final = OutputPlan(str, None)
+_AI_MESSAGE_PLAN: Final = OutputPlan(AiMessage, None, returns_ai_message=True)
+
+
+def _plan(annotation: Any) -> OutputPlan:
+    if annotation is str:
+        return _TEXT_PLAN
+    if annotation is AiMessage:
+        return _AI_MESSAGE_PLAN
+    shown = _type_name(annotation)
+    try:
+        prepared = _prepare(annotation, {}, lenient=True)
+    except _Unsupported as exc:
+        raise UnsupportedOutputType(
+            f"{shown} is not a supported return type: {exc}. Supported: {_SUPPORTED}"
+        ) from None
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(prepared)
+        schema = adapter.json_schema()
+    except (PydanticUserError, PydanticUndefinedAnnotation) as exc:
+        reason = str(exc).split("\n", 1)[0]
+        raise UnsupportedOutputType(
+            f"{shown} is not a supported return type: pydantic cannot validate it or "
+            f"describe it as JSON schema ({reason})"
+        ) from None
+    schema = _inline_root_ref(schema)
+    wrapper: TypeAdapter[Any] | None = None
+    if schema.get("type") != "object":
+        # OpenAI's structured output needs an object at the root, so a list, a number or a
+        # union travels as {"value": ...}.
+        schema = _wrap(schema)
+        wrapper = TypeAdapter(_new_typeddict("Value", {"value": prepared}))
+    strict = _tighten(schema)
+    admits_none = _admits_none(adapter)
+    parser = _JsonParser(adapter, wrapper, _is_scalar(annotation), admits_none, shown).parser()
+    return OutputPlan(
+        annotation,
+        ResponseFormat(_schema_name(annotation), schema, strict),
+        _parser=parser,
+    )
+
+
+# --- what is supported -------------------------------------------------------------------
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# The functional form, typed loosely: its result is a class made at run time.
+_new_typeddict: Final[Any] = typing_extensions.TypedDict
+
+_SCALARS: Final = (bool, int, float, Decimal, date, datetime, str)
+_SEQUENCES: Final = (list, set, frozenset)
+_UNION_ORIGINS: Final = (Union, types.UnionType)
+_NONE_TYPE: Final = type(None)
+
+
+def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
+    """Check that ``tp`` is supported; return it as pydantic should validate it.
+
+    With ``lenient``, enums and literals get a before-validator accepting names and any
+    case. ``typing.TypedDict`` classes are re-created with ``typing_extensions`` on
+    Python < 3.12, where pydantic accepts only the latter; ``typeddicts`` maps the ones
+    done so far, which also ends the walk of a recursive TypedDict.
+    """
+    if tp in _SCALARS:
+        return tp
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is Annotated:
+        inner = _prepare(tp.__origin__, typeddicts, lenient=lenient)
+        return tp if inner is tp.__origin__ else Annotated[(inner, *tp.__metadata__)]
+    if origin in _UNION_ORIGINS:
+        members = [m if m is _NONE_TYPE else _prepare(m, typeddicts, lenient=lenient) for m in args]
+        if all(m is _NONE_TYPE for m in members):
+            raise _Unsupported("a union of None alone carries no answer")
+        return tp if members == list(args) else Union[tuple(members)]  # noqa: UP007
+    if origin is Literal:
+        return _prepare_literal(tp, args, lenient=lenient)
+    if origin in _SEQUENCES:
+        if not args:
+            raise _Unsupported(_why_not(tp))
+        item = _prepare(args[0], typeddicts, lenient=lenient)
+        return tp if item is args[0] else origin[item]
+    if origin is tuple:
+        return _prepare_tuple(tp, args, typeddicts, lenient=lenient)
+    if origin is dict:
+        if not args:
+            raise _Unsupported(_why_not(tp))
+        key, value = args
+        if _strip_annotated(key) is not str:
+            raise _Unsupported(
+                f"the keys of {_type_name(tp)} must be str, because JSON object keys are "
+                "strings; declare dict[str, T]"
+            )
+        prepared = _prepare(value, typeddicts, lenient=lenient)
+        return tp if prepared is value else dict[key, prepared]  # type: ignore[valid-type]
+    if isinstance(tp, typing_extensions.TypeAliasType):
+        return _prepare(tp.__value__, typeddicts, lenient=lenient)
+    if hasattr(tp, "__supertype__"):  # typing.NewType
+        _prepare(tp.__supertype__, typeddicts, lenient=lenient)
+        return tp
+    if isinstance(tp, type):
+        return _prepare_class(tp, typeddicts, lenient=lenient)
+    if isinstance(origin, type) and (
+        dataclasses.is_dataclass(origin) or typing_extensions.is_typeddict(origin)
+    ):
+        # A generic dataclass or TypedDict with its parameters given: Box[int].
+        _prepare_class(origin, typeddicts, lenient=lenient)
+        return tp
+    raise _Unsupported(_why_not(tp))
+
+
+def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> Any:
+    if issubclass(tp, enum.Enum):
+        return Annotated[tp, BeforeValidator(_enum_choices(tp))] if lenient else tp
+    if issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp):
+        return tp
+    if typing_extensions.is_typeddict(tp):
+        if sys.version_info < (3, 12) and type(tp).__module__ == "typing":
+            return _recreate_typeddict(tp, typeddicts)
+        return tp
+    raise _Unsupported(_why_not(tp))
+
+
+def _prepare_literal(tp: Any, values: tuple[Any, ...], *, lenient: bool) -> Any:
+    for value in values:
+        if value is not None and not isinstance(value, str | int | enum.Enum):
+            raise _Unsupported(
+                f"the Literal value {value!r} is not a str, int, bool, None or enum member"
+            )
+    if lenient and any(isinstance(v, str | int | enum.Enum) for v in values):
+        return Annotated[tp, BeforeValidator(_literal_choices(values))]
+    return tp
+
+
+def _prepare_tuple(
+    tp: Any, args: tuple[Any, ...], typeddicts: dict[type, type], *, lenient: bool
+) -> Any:
+    if not args:
+        raise _Unsupported(_why_not(tp))
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _prepare(args[0], typeddicts, lenient=lenient)
+        return tp if item is args[0] else tuple[item, ...]  # type: ignore[valid-type]
+    items = [_prepare(a, typeddicts, lenient=lenient) for a in args]
+    return tp if items == list(args) else tuple[tuple(items)]  # type: ignore[misc]
+
+
+def _why_not(tp: Any) -> str:
+    if tp is None or tp is _NONE_TYPE:
+        return "a method must return something; declare str to get the answer's text"
+    if tp is Any or tp is object:
+        return (
+            f"{_type_name(tp)} says nothing about the answer's shape; declare a concrete "
+            "type such as str or a pydantic model"
+        )
+    if isinstance(tp, str | typing.ForwardRef):
+        name = tp if isinstance(tp, str) else tp.__forward_arg__
+        return (
+            f"{name!r} is an unresolved forward reference; define {name} before the "
+            "service is built"
+        )
+    origin = get_origin(tp) or tp
+    if origin in _SEQUENCES and not get_args(tp):
+        name = origin.__name__
+        return f"a bare {name} has no item type; declare one, e.g. {name}[str]"
+    if origin is dict and not get_args(tp):
+        return "a bare dict has no key and value types; declare them, e.g. dict[str, int]"
+    if tp == tuple[()]:
+        return "an empty tuple carries no answer"
+    if origin is tuple:
+        return "a bare tuple has no item types; declare tuple[T, ...] or tuple[A, B]"
+    if getattr(origin, "__module__", None) == "collections.abc" and issubclass(origin, Iterable):
+        wanted = "dict[str, T]" if issubclass(origin, Mapping) else "list[T]"
+        return f"{origin.__name__} is an abstract collection; declare {wanted}"
+    if isinstance(tp, type):
+        return (
+            f"{tp.__qualname__} is a plain class; make it a pydantic model, a dataclass or "
+            "a TypedDict"
+        )
+    return f"{_type_name(tp)} cannot be read from a JSON answer"
+
+
+def _strip_annotated(tp: Any) -> Any:
+    while get_origin(tp) is Annotated:
+        tp = tp.__origin__
+    return tp
+
+
+def _recreate_typeddict(tp: type, typeddicts: dict[type, type]) -> type:
+    done = typeddicts.get(tp)
+    if done is not None:
+        return done
+    name = tp.__qualname__
+    if getattr(tp, "__parameters__", ()):
+        raise _Unsupported(
+            f"{name} is a generic typing.TypedDict, which pydantic reads only on Python "
+            "3.12+; declare it with typing_extensions.TypedDict"
+        )
+    try:
+        hints = typing.get_type_hints(tp, include_extras=True)
+    except Exception as exc:
+        raise _Unsupported(f"the annotations of {name} cannot be resolved ({exc})") from None
+    # Created empty and registered first, so a field that refers back to this TypedDict
+    # finds it; pydantic reads the fields and required keys from these attributes.
+    twin = _new_typeddict(tp.__name__, {}, total=getattr(tp, "__total__", True))
+    typeddicts[tp] = twin
+    required = set(tp.__required_keys__)  # type: ignore[attr-defined]
+    fields = {}
+    for key, hint in hints.items():
+        # Python 3.11 misses Required / NotRequired written as strings (postponed
+        # annotations) when it sorts the keys; the resolved hints show them.
+        origin = get_origin(hint)
+        if origin is typing.Required:
+            required.add(key)
+        elif origin is typing.NotRequired:
+            required.discard(key)
+        fields[key] = _prepare(_strip_required(hint), typeddicts, lenient=False)
+    twin.__annotations__ = fields
+    twin.__required_keys__ = frozenset(required)
+    twin.__optional_keys__ = frozenset(fields.keys() - required)
+    twin.__mutable_keys__ = frozenset(fields)
+    twin.__readonly_keys__ = frozenset()
+    twin.__module__ = tp.__module__
+    twin.__qualname__ = tp.__qualname__
+    twin.__doc__ = tp.__doc__
+    config = getattr(tp, "__pydantic_config__", None)
+    if config is not None:
+        twin.__pydantic_config__ = config
+    return typing.cast(type, twin)
+
+
+def _strip_required(tp: Any) -> Any:
+    while get_origin(tp) in (typing.Required, typing.NotRequired):
+        tp = get_args(tp)[0]
+    return tp
+
+
+def _is_scalar(tp: Any) -> bool:
+    """Whether the answer may be a bare token (``2024-05-01``, ``POSITIVE``)."""
+    tp = _strip_annotated(tp)
+    origin = get_origin(tp)
+    if origin in _UNION_ORIGINS:
+        return all(m is _NONE_TYPE or _is_scalar(m) for m in get_args(tp))
+    if origin is Literal:
+        return True
+    if hasattr(tp, "__supertype__"):
+        return _is_scalar(tp.__supertype__)
+    return tp in _SCALARS or (isinstance(tp, type) and issubclass(tp, enum.Enum))
+
+
+# --- lenient enums and literals ----------------------------------------------------------
+
+_MISSING: Final = object()
+_AMBIGUOUS: Final = object()
+
+
+def _choices_lookup(
+    pairs: Iterable[tuple[Any, Iterable[str], Iterable[str]]],
+) -> Callable[[Any], Any]:
+    """A before-validator mapping strings to choices.
+
+    ``pairs`` gives each choice with its exact keys (tried first) and the keys matched in
+    any case; a case-insensitive key shared by two choices matches neither.
+    """
+    exact: dict[str, Any] = {}
+    folded: dict[str, Any] = {}
+    for choice, exact_keys, loose_keys in pairs:
+        for key in exact_keys:
+            exact.setdefault(key, choice)
+        for loose in loose_keys:
+            key = loose.casefold()
+            seen = folded.get(key, _MISSING)
+            folded[key] = choice if seen is _MISSING or seen is choice else _AMBIGUOUS
+
+    def lenient(value: Any) -> Any:
+        if isinstance(value, str):
+            hit = exact.get(value, _MISSING)
+            if hit is _MISSING:
+                hit = folded.get(value.strip().casefold(), _MISSING)
+            if hit is not _MISSING and hit is not _AMBIGUOUS:
+                return hit
+        return value
+
+    return lenient
+
+
+def _enum_choices(cls: type[enum.Enum]) -> Callable[[Any], Any]:
+    members = list(cls.__members__.items())
+    # A member's value wins over another member's name when both spell the input exactly.
+    values = [(m, [m.value] if isinstance(m.value, str) else [], ()) for _, m in members]
+    names = [(m, [name], [name, str(m.value)]) for name, m in members]
+    return _choices_lookup([*values, *names])
+
+
+def _literal_choices(values: tuple[Any, ...]) -> Callable[[Any], Any]:
+    def keys(value: Any) -> tuple[Any, list[str], list[str]]:
+        if isinstance(value, enum.Enum):
+            return value, [value.name], [value.name, str(value.value)]
+        return value, [value] if isinstance(value, str) else [], [str(value)]
+
+    return _choices_lookup(keys(v) for v in values if v is not None)
+
+
+# --- schema ------------------------------------------------------------------------------
+
+
+def _inline_root_ref(schema: dict[str, Any]) -> dict[str, Any]:
+    """Turn ``{"$ref": "#/$defs/M", "$defs": ...}`` into M's own schema at the root."""
+    ref = schema.get("$ref")
+    defs = schema.get("$defs")
+    if not isinstance(ref, str) or not isinstance(defs, dict) or len(schema) != 2:
+        return schema
+    name = ref.rsplit("/", 1)[-1]
+    root: dict[str, Any] = defs[name]
+    rest = {k: v for k, v in defs.items() if k != name}
+    if ref in set(_refs(root)) | set(_refs(rest)):
+        # Recursive: the definition stays for its references, and the root gets a copy
+        # so that tightening one does not see the other's changes half done.
+        rest[name] = root
+        root = copy.deepcopy(root)
+    if rest:
+        root["$defs"] = rest
+    return root
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def _wrap(schema: dict[str, Any]) -> dict[str, Any]:
+    defs = schema.pop("$defs", None)
+    wrapped: dict[str, Any] = {
+        "type": "object",
+        "properties": {"value": schema},
+        "required": ["value"],
+        "additionalProperties": False,
+    }
+    if defs:
+        wrapped["$defs"] = defs
+    return wrapped
+
+
+# OpenAI's strict structured output accepts this subset of JSON Schema; anything else makes
+# the request fail, so a schema using it is sent with strict=False.
+_STRICT_KEYWORDS: Final = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "anyOf", "enum",
+    "const", "$ref", "$defs", "title", "description", "pattern", "format", "multipleOf",
+    "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "minItems", "maxItems",
+})  # fmt: skip
+_STRICT_FORMATS: Final = frozenset({
+    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
+})  # fmt: skip
+_STRICT_MAX_DEPTH: Final = 10
+_STRICT_MAX_PROPERTIES: Final = 5000
+_STRICT_MAX_ENUM_VALUES: Final = 1000
+
+
+def _tighten(schema: dict[str, Any]) -> bool:
+    """Make ``schema`` as close to strict mode as is safe, in place; whether it fits.
+
+    Safe because the answer is validated with the declared type anyway: objects that
+    declare their properties get ``additionalProperties: false`` (extra keys would be
+    ignored), ``uniqueItems`` goes (a set drops duplicates), and an optional property whose
+    default is ``None`` becomes a required nullable one (a ``null`` gives the same value).
+    """
+    check = _StrictCheck(schema.get("$defs", {}))
+    for name, definition in list(check.defs.items()):
+        check.defs[name] = check.visit(definition, (name,))
+    body = {k: v for k, v in schema.items() if k != "$defs"}
+    schema.update(check.visit(body, ()))
+    _drop_unused_defs(schema)
+    return (
+        check.fits
+        and check.properties <= _STRICT_MAX_PROPERTIES
+        and check.enum_values <= _STRICT_MAX_ENUM_VALUES
+        and _Depth(check.defs).of(schema) <= _STRICT_MAX_DEPTH
+    )
+
+
+def _drop_unused_defs(schema: dict[str, Any]) -> None:
+    # Inlining can leave a definition nobody refers to; it would only cost the model tokens.
+    defs = schema.get("$defs")
+    if not defs:
+        return
+    used: set[str] = set()
+    pending = list(_refs({k: v for k, v in schema.items() if k != "$defs"}))
+    while pending:
+        name = pending.pop().rsplit("/", 1)[-1]
+        if name not in used and name in defs:
+            used.add(name)
+            pending.extend(_refs(defs[name]))
+    if len(used) == len(defs):
+        return
+    if used:
+        schema["$defs"] = {k: v for k, v in defs.items() if k in used}
+    else:
+        del schema["$defs"]
+
+
+class _StrictCheck:
+    __slots__ = ("defs", "enum_values", "fits", "properties")
+
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self.defs = defs
+        self.fits = True
+        self.properties = 0
+        self.enum_values = 0
+
+    def visit(self, node: Any, inlined: tuple[str, ...]) -> Any:
+        if not isinstance(node, dict):
+            self.fits = False
+            return node
+        ref = node.get("$ref")
+        if ref is not None and len(node) > 1:
+            return self._inline(node, ref, inlined)
+        node.pop("uniqueItems", None)
+        if not _STRICT_KEYWORDS.issuperset(node):
+            self.fits = False
+        if "type" not in node and ref is None and "anyOf" not in node:
+            self.fits = False
+        fmt = node.get("format")
+        if fmt is not None and fmt not in _STRICT_FORMATS:
+            self.fits = False
+        if "enum" in node:
+            self.enum_values += len(node["enum"])
+        if node.get("type") == "object" or "properties" in node:
+            self._object(node, inlined)
+        items = node.get("items")
+        if items is not None:
+            node["items"] = self.visit(items, inlined)
+        any_of = node.get("anyOf")
+        if isinstance(any_of, list):
+            node["anyOf"] = [self.visit(member, inlined) for member in any_of]
+        return node
+
+    def _object(self, node: dict[str, Any], inlined: tuple[str, ...]) -> None:
+        properties = node.get("properties")
+        extra = node.get("additionalProperties")
+        if not isinstance(properties, dict):
+            # dict[str, T]: the keys are not known in advance, which strict mode cannot say.
+            self.fits = False
+            if isinstance(extra, dict):
+                node["additionalProperties"] = self.visit(extra, inlined)
+            return
+        required = set(node.get("required", ()))
+        for name, prop in properties.items():
+            if (
+                name not in required
+                and isinstance(prop, dict)
+                and "default" in prop
+                and prop["default"] is None
+                and _admits_null(prop)
+            ):
+                del prop["default"]
+                required.add(name)
+        node["required"] = [name for name in properties if name in required]
+        if required != set(properties):
+            self.fits = False
+        if extra is None:
+            node["additionalProperties"] = False
+        elif extra is not False:
+            self.fits = False
+        self.properties += len(properties)
+        for name, prop in properties.items():
+            properties[name] = self.visit(prop, inlined)
+
+    def _inline(self, node: dict[str, Any], ref: str, inlined: tuple[str, ...]) -> Any:
+        # Strict mode takes no keywords beside a $ref, so a field's description next to the
+        # reference to its type means copying the referenced schema in (once per path: a
+        # recursive type keeps its bare reference further down).
+        name = ref.rsplit("/", 1)[-1]
+        target = self.defs.get(name)
+        if name in inlined or not isinstance(target, dict):
+            self.fits = False
+            return node
+        merged = copy.deepcopy(target)
+        merged.update((k, v) for k, v in node.items() if k != "$ref")
+        return self.visit(merged, (*inlined, name))
+
+
+class _Depth:
+    """How deeply objects nest, following references; a recursive reference adds nothing."""
+
+    __slots__ = ("defs", "known")
+
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self.defs = defs
+        self.known: dict[str, int] = {}
+
+    def of(self, node: Any) -> int:
+        if isinstance(node, list):
+            return max((self.of(member) for member in node), default=0)
+        if not isinstance(node, dict):
+            return 0
+        deepest = 0
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            name = ref.rsplit("/", 1)[-1]
+            if name not in self.known and name in self.defs:
+                self.known[name] = 0
+                self.known[name] = self.of(self.defs[name])
+            deepest = self.known.get(name, 0)
+        properties = node.get("properties")
+        inner = [node.get("items"), node.get("anyOf"), node.get("additionalProperties")]
+        if isinstance(properties, dict):
+            inner.extend(properties.values())
+        deepest = max(deepest, *(self.of(n) for n in inner))
+        is_object = isinstance(properties, dict) or node.get("type") == "object"
+        return deepest + 1 if is_object else deepest
+
+
+def _admits_null(schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    members = schema.get("anyOf")
+    return isinstance(members, list) and any(
+        isinstance(m, dict) and _admits_null(m) for m in members
+    )
+
+
+def _admits_none(adapter: TypeAdapter[Any]) -> bool:
+    try:
+        adapter.validate_python(None)
+    except ValidationError:
+        return False
+    return True
+
+
+# --- names -------------------------------------------------------------------------------
+
+_NAME_JUNK: Final = re.compile(r"[^a-zA-Z0-9_-]+")
+
+
+def _schema_name(tp: Any) -> str:
+    """A response format name from the type: ``Verdict``, ``list_int``, ``int_or_None``."""
+    name = _NAME_JUNK.sub("_", _name_parts(tp)).strip("_")
+    return name[:64].rstrip("_") or "Output"
+
+
+def _name_parts(tp: Any) -> str:
+    tp = _strip_annotated(tp)
+    if tp is None or tp is _NONE_TYPE:
+        return "None"
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin in _UNION_ORIGINS:
+        return "_or_".join(_name_parts(a) for a in args)
+    if origin is Literal:
+        return "Literal_" + "_".join(str(getattr(v, "name", v)) for v in args)
+    if origin is not None:
+        parts = [_name_parts(a) for a in args if a is not Ellipsis]
+        return "_".join([getattr(origin, "__name__", "generic"), *parts])
+    return str(getattr(tp, "__name__", tp))
+
+
+def _type_name(tp: Any) -> str:
+    """The type as a reader would write it: ``list[Verdict]``, ``int | None``."""
+    if tp is None or tp is _NONE_TYPE:
+        return "None"
+    if tp is Ellipsis:
+        return "..."
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _type_name(tp.__origin__)
+    args = get_args(tp)
+    if origin in _UNION_ORIGINS:
+        return " | ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(v) for v in args)}]"
+    if origin is not None and args:
+        inner = ", ".join(_type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', repr(origin))}[{inner}]"
+    if isinstance(tp, type):
+        return tp.__name__
+    return repr(tp).removeprefix("typing.")
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+_FENCE: Final = re.compile(r"```(?:[ \t]*[\w+.-]*[ \t]*\r?\n)?(.*?)(?:```|\Z)", re.DOTALL)
+_OPENING: Final = re.compile(r"[\[{]")
+_DECODER: Final = json.JSONDecoder()
+_MAX_EMBEDDED_TRIES: Final = 32
+_TOKEN_JUNK: Final = " \t\r\n`'\"*"
+_MAX_ERRORS_SHOWN: Final = 3
+_MAX_INPUT_SHOWN: Final = 80
+
+
+class _JsonParser:
+    """Reads an answer into a typed value; tried in order, cheapest first."""
+
+    __slots__ = ("_admits_none", "_scalar", "_shown", "_validate", "_validate_json", "_wrapped")
+
+    def __init__(
+        self,
+        adapter: TypeAdapter[Any],
+        wrapper: TypeAdapter[Any] | None,
+        scalar: bool,
+        admits_none: bool,
+        shown: str,
+    ) -> None:
+        # The validators themselves, not the adapters: skips a layer of Python per call.
+        self._validate_json = adapter.validator.validate_json
+        self._validate = adapter.validator.validate_python
+        self._wrapped = wrapper.validator.validate_json if wrapper is not None else None
+        self._scalar = scalar
+        self._admits_none = admits_none
+        self._shown = shown
+
+    def parser(self) -> Callable[[str | None], Any]:
+        """The parse function: the fast path, falling back on the lenient one."""
+        # A closure over locals, not a method: half the Python overhead per call.
+        # None goes to pydantic too: its ValidationError leads to the empty-answer handling
+        # without a check on the fast path.
+        validate_json = typing.cast(Callable[[str | None], Any], self._validate_json)
+        lenient = self._lenient
+        wrapped = self._wrapped
+        if wrapped is None:
+
+            def parse(text: str | None) -> Any:
+                try:
+                    return validate_json(text)
+                except ValidationError as error:
+                    return lenient(text or "", error)
+
+            return parse
+
+        def parse_wrapped(text: str | None) -> Any:
+            try:
+                if text is not None and text[:1] == "{":
+                    return wrapped(text)["value"]
+                return validate_json(text)
+            except ValidationError as error:
+                return lenient(text or "", error)
+
+        return parse_wrapped
+
+    def _lenient(self, text: str, first: ValidationError) -> Any:
+        stripped = text.strip()
+        if not stripped:
+            if self._admits_none:
+                return None
+            raise ValueError(f"The answer was empty; expected {self._shown}. {_RETRY_HINT}")
+        errors: list[ValidationError] = [first]
+        tried: set[str] = set()
+        for candidate in _json_candidates(text, stripped):
+            if candidate in tried:
+                continue
+            tried.add(candidate)
+            found, value = self._try_json(candidate, errors)
+            if found:
+                return value
+        if self._scalar:
+            for token in _tokens(text, stripped):
+                try:
+                    return self._validate(token)
+                except ValidationError as error:
+                    errors.append(error)
+        raise ValueError(self._message(errors))
+
+    def _try_json(self, candidate: str, errors: list[ValidationError]) -> tuple[bool, Any]:
+        is_object = candidate[:1] == "{"
+        if self._wrapped is not None and is_object:
+            try:
+                return True, self._wrapped(candidate)["value"]
+            except ValidationError as error:
+                errors.append(error)
+        try:
+            return True, self._validate_json(candidate)
+        except ValidationError as error:
+            errors.append(error)
+        if is_object:
+            # A model that wraps its answer in a one-key object, {"value": ...} or
+            # {"answer": ...}, is unwrapped; an object type only from {"value": ...}.
+            try:
+                data = json.loads(candidate)
+            except (ValueError, RecursionError):
+                return False, None
+            if isinstance(data, dict) and len(data) == 1:
+                ((key, inner),) = data.items()
+                if self._wrapped is not None or key == "value":
+                    try:
+                        return True, self._validate(inner)
+                    except ValidationError as error:
+                        errors.append(error)
+        return False, None
+
+    def _message(self, errors: list[ValidationError]) -> str:
+        best = next((e for e in errors if _is_informative(e)), None)
+        if best is None:
+            detail = errors[0].errors(include_url=False)[0]["msg"]
+            return f"The answer is not JSON for {self._shown} ({detail}). {_RETRY_HINT}"
+        return f"The answer is not a valid {self._shown}:\n{_describe(best)}\n{_RETRY_HINT}"
+
+
+def _json_candidates(text: str, stripped: str) -> Iterator[str]:
+    if "```" in text:
+        for match in _FENCE.finditer(text):
+            yield match.group(1).strip()
+    yield stripped
+    yield from _embedded_json(text)
+
+
+def _embedded_json(text: str) -> Iterator[str]:
+    """The JSON objects and arrays in prose, as written, first to last."""
+    match = _OPENING.search(text)
+    for _ in range(_MAX_EMBEDDED_TRIES):
+        if match is None:
+            return
+        start = match.start()
+        try:
+            _, end = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            match = _OPENING.search(text, start + 1)
+            continue
+        yield text[start:end]
+        match = _OPENING.search(text, end)
+
+
+def _tokens(text: str, stripped: str) -> Iterator[str]:
+    yield stripped
+    token = stripped.strip(_TOKEN_JUNK).rstrip(".")
+    if token != stripped:
+        yield token
+    if "```" in text:
+        for match in _FENCE.finditer(text):
+            yield match.group(1).strip(_TOKEN_JUNK)
+
+
+def _is_informative(error: ValidationError) -> bool:
+    # Invalid JSON says less than a schema mismatch, and a wrapper's missing "value" only
+    # says the answer was not wrapped.
+    details = error.errors(include_url=False)
+    return not all(
+        d["type"] == "json_invalid" or (d["type"] == "missing" and d["loc"] == ("value",))
+        for d in details
+    )
+
+
+def _describe(error: ValidationError) -> str:
+    details = error.errors(include_url=False)
+    lines = []
+    for detail in details[:_MAX_ERRORS_SHOWN]:
+        where = ".".join(str(part) for part in detail["loc"])
+        shown = repr(detail["input"])
+        if len(shown) > _MAX_INPUT_SHOWN:
+            shown = shown[: _MAX_INPUT_SHOWN - 3] + "..."
+        message = f"{detail['msg']} (got {shown})"
+        lines.append(f"- {where}: {message}" if where else f"- {message}")
+    if len(details) > _MAX_ERRORS_SHOWN:
+        lines.append(f"- and {len(details) - _MAX_ERRORS_SHOWN} more errors")
+    return "\n".join(lines)

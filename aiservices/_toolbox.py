@@ -1,0 +1,483 @@
+"""Collecting tools from ``tools=[...]`` and carrying out the model's tool requests.
+
+Each function is analysed once (its schema, validator and options are cached on the function
+object's identity), so a toolbox built per call, from a ``tool_provider``, costs a cache
+lookup per tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeGuard
+
+from pydantic import ValidationError
+from pydantic_core import to_json
+
+from ._tool_schema import ToolSignature, describe_validation_error, read_signature
+from .errors import InterfaceError
+from .messages import ToolExecutionRequest
+from .models import ToolSpecification
+from .tools import (
+    _TOOL_NAME,
+    ToolArgumentsError,
+    ToolErrorHandler,
+    ToolExecution,
+    ToolExecutionError,
+    ToolRaisedError,
+    UnknownToolError,
+    _tool_options,
+    _ToolOptions,
+)
+
+__all__ = ["Toolbox"]
+
+_iscoroutine: Final = inspect.iscoroutine
+_VOID_TEXT: Final = "Success"
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolPlan:
+    """Everything about one function as a tool, bound to no object."""
+
+    spec: ToolSpecification
+    signature: ToolSignature
+    is_async: bool
+    return_direct: bool
+    none_text: str
+    options: _ToolOptions | None
+    skip_first: bool
+    where: str
+
+
+class _Tool:
+    """A plan and the callable that runs it (a function, or a method bound to its object)."""
+
+    __slots__ = ("fn", "name", "plan")
+
+    def __init__(self, plan: _ToolPlan, fn: Callable[..., Any]) -> None:
+        self.plan = plan
+        self.fn = fn
+        self.name = plan.spec.name
+
+
+# Keyed weakly by the function (a method's underlying function), so a dropped function is
+# forgotten; an unhashable or unweakrefable callable is analysed each time instead.
+_plans: weakref.WeakKeyDictionary[Any, _ToolPlan] = weakref.WeakKeyDictionary()
+_class_tools: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _plan(function: Callable[..., Any], *, skip_first: bool) -> _ToolPlan:
+    options = _tool_options(function)
+    try:
+        plan = _plans.get(function)
+    except TypeError:
+        plan = None
+    if plan is not None and plan.options is options and plan.skip_first is skip_first:
+        return plan
+    plan = _analyse(function, options, skip_first=skip_first)
+    with contextlib.suppress(TypeError):
+        _plans[function] = plan
+    return plan
+
+
+def _analyse(
+    function: Callable[..., Any], options: _ToolOptions | None, *, skip_first: bool
+) -> _ToolPlan:
+    where = _where(function)
+    problems: list[str] = []
+    name = options.name if options is not None and options.name else _name_of(function)
+    if not _TOOL_NAME.fullmatch(name):
+        problems.append(
+            f"{where}: {name!r} is not a valid tool name (1 to 64 letters, digits, '_' or "
+            "'-'); name it with @tool(name=...)"
+        )
+    try:
+        signature = read_signature(function, skip_first=skip_first, where=where)
+    except InterfaceError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise InterfaceError(problems)
+    if options is not None and options.description is not None:
+        description = options.description
+    else:
+        description = _doc_of(function)
+    return _ToolPlan(
+        spec=ToolSpecification(name, description, signature.schema),
+        signature=signature,
+        is_async=_is_async(function),
+        return_direct=options is not None and options.return_direct,
+        none_text=_VOID_TEXT if signature.returns_nothing else "null",
+        options=options,
+        skip_first=skip_first,
+        where=where,
+    )
+
+
+def _target(function: Any) -> Any:
+    """The Python function whose code runs: through partials, and to ``__call__``."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    if inspect.ismethod(function):
+        function = function.__func__
+    if inspect.isfunction(function) or inspect.isbuiltin(function):
+        return function
+    call = type(function).__call__ if callable(function) else None
+    return call if inspect.isfunction(call) else function
+
+
+def _name_of(function: Any) -> str:
+    name = getattr(_target(function), "__name__", None)
+    return name if isinstance(name, str) else type(function).__name__
+
+
+def _where(function: Any) -> str:
+    target = _target(function)
+    where = getattr(target, "__qualname__", None) or repr(target)
+    return f"partial({where})" if isinstance(function, functools.partial) else where
+
+
+def _doc_of(function: Any) -> str:
+    target = _target(function)
+    doc = inspect.getdoc(target) if inspect.isfunction(target) else target.__doc__
+    return inspect.cleandoc(doc) if doc else ""
+
+
+def _is_async(function: Any) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(_target(function))
+
+
+def _tool_method_names(cls: type) -> tuple[str, ...]:
+    names = _class_tools.get(cls)
+    if names is None:
+        members: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            members.update(vars(klass))
+        names = tuple(
+            name
+            for name, member in members.items()
+            if _tool_options(
+                member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+            )
+            is not None
+        )
+        _class_tools[cls] = names
+    return names
+
+
+def _is_function(item: object) -> TypeGuard[Callable[..., Any]]:
+    return (
+        inspect.isfunction(item)
+        or inspect.ismethod(item)
+        or inspect.isbuiltin(item)
+        or isinstance(item, functools.partial)
+        or (callable(item) and _tool_options(item) is not None)
+    )
+
+
+def _collect(item: object, index: int, tools: list[_Tool], problems: list[str]) -> None:
+    try:
+        if isinstance(item, type):
+            problems.append(
+                f"tools[{index}]: {item.__qualname__} is a class; pass an instance, whose "
+                "@tool methods become tools"
+            )
+        elif inspect.ismethod(item):
+            plan = _plan(item.__func__, skip_first=True)
+            tools.append(_Tool(plan, item))
+        elif _is_function(item):
+            tools.append(_Tool(_plan(item, skip_first=False), item))
+        else:
+            names = _tool_method_names(type(item))
+            if not names:
+                problems.append(
+                    f"tools[{index}]: {_describe(item)} is neither a function nor an object "
+                    "with @tool methods; mark the methods the model may call with @tool"
+                )
+            for name in names:
+                bound = getattr(item, name)
+                if inspect.ismethod(bound):
+                    plan = _plan(bound.__func__, skip_first=True)
+                else:
+                    plan = _plan(bound, skip_first=False)
+                tools.append(_Tool(plan, bound))
+    except InterfaceError as exc:
+        problems.extend(exc.problems)
+
+
+def _describe(item: object) -> str:
+    text = repr(item)
+    if len(text) > 60:
+        text = f"a {type(item).__qualname__} object"
+    return text
+
+
+class Toolbox:
+    """The tools of one call: their specifications, and the running of the model's requests.
+
+    Build one with :meth:`from_objects`. A request that fails (unknown tool, bad arguments,
+    a tool that raises) becomes a :class:`ToolExecution` whose ``result`` is the error text
+    for the model, or whatever ``error_handler(error, request)`` returns; the handler may
+    raise instead, and that exception ends the call. ``KeyboardInterrupt``, ``SystemExit``
+    and ``asyncio.CancelledError`` always propagate.
+    """
+
+    __slots__ = ("_by_name", "_error_handler", "_tools", "names", "specifications")
+
+    def __init__(
+        self, tools: Sequence[_Tool] = (), *, error_handler: ToolErrorHandler | None = None
+    ) -> None:
+        """Prefer :meth:`from_objects`; this takes already collected tools."""
+        if error_handler is not None and not callable(error_handler):
+            raise TypeError(
+                "error_handler must be a callable (error, request) -> str, "
+                f"got {type(error_handler).__name__}"
+            )
+        by_name: dict[str, _Tool] = {}
+        duplicates: dict[str, list[str]] = {}
+        for item in tools:
+            first = by_name.setdefault(item.name, item)
+            if first is not item:
+                duplicates.setdefault(item.name, [first.plan.where]).append(item.plan.where)
+        if duplicates:
+            raise InterfaceError(
+                [
+                    f"tools: the tool name {name!r} is used {len(sources)} times "
+                    f"({', '.join(sources)}); give each tool its own name with "
+                    "@tool(name=...)"
+                    for name, sources in duplicates.items()
+                ]
+            )
+        self._tools: tuple[_Tool, ...] = tuple(tools)
+        self._by_name = by_name
+        self._error_handler = error_handler
+        self.names: tuple[str, ...] = tuple(by_name)
+        """The tool names, in the order given."""
+        self.specifications: tuple[ToolSpecification, ...] = tuple(t.plan.spec for t in self._tools)
+        """What the model is shown, one specification per tool, in the order given."""
+
+    @classmethod
+    def from_objects(
+        cls, items: Iterable[object], *, error_handler: ToolErrorHandler | None = None
+    ) -> Toolbox:
+        """Collect tools from functions and objects, as ``tools=[...]`` takes them.
+
+        A function (``@tool`` or not; a plain function is named after itself, described by
+        its docstring), a bound method, a ``functools.partial``, or an object whose class
+        has ``@tool`` methods, each bound to the object. Every mistake (an object without
+        tools, a parameter without a schema, ``*args``, a duplicate name) is reported in one
+        ``InterfaceError``.
+        """
+        return cls(_collect_all(items), error_handler=error_handler)
+
+    def merge(self, other: Toolbox) -> Toolbox:
+        """This toolbox's tools, then ``other``'s, with this one's error handler.
+
+        A name in both is an ``InterfaceError``, as in :meth:`from_objects`.
+        """
+        if not other._tools:
+            return self
+        if not self._tools and other._error_handler is self._error_handler:
+            return other
+        return Toolbox([*self._tools, *other._tools], error_handler=self._error_handler)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __bool__(self) -> bool:
+        return bool(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __repr__(self) -> str:
+        return f"Toolbox({list(self.names)!r})"
+
+    def execute(self, request: ToolExecutionRequest, memory_id: object = None) -> ToolExecution:
+        """Run one request in this thread; ``memory_id`` goes to ``MemoryId`` parameters.
+
+        An ``async def`` tool runs to completion on an event loop of its own (in a helper
+        thread if this thread is already running one).
+        """
+        tool = self._by_name.get(request.name)
+        if tool is None:
+            return self._failed(self._unknown(request))
+        plan = tool.plan
+        try:
+            args, kwargs = plan.signature.bind(request.arguments, memory_id)
+        except ValidationError as exc:
+            error: ToolExecutionError = _arguments_error(request, exc)
+        else:
+            try:
+                value = tool.fn(*args, **kwargs)
+                if plan.is_async or _iscoroutine(value):
+                    value = _run_coroutine(value)
+            except Exception as exc:
+                error = _raised_error(request, exc)
+            else:
+                return self._finish(plan, request, value)
+        return self._failed(error)
+
+    async def aexecute(
+        self, request: ToolExecutionRequest, memory_id: object = None
+    ) -> ToolExecution:
+        """Run one request without blocking the event loop: a sync tool runs in a thread."""
+        tool = self._by_name.get(request.name)
+        if tool is None:
+            return self._failed(self._unknown(request))
+        plan = tool.plan
+        try:
+            args, kwargs = plan.signature.bind(request.arguments, memory_id)
+        except ValidationError as exc:
+            error: ToolExecutionError = _arguments_error(request, exc)
+        else:
+            try:
+                if plan.is_async:
+                    value = await tool.fn(*args, **kwargs)
+                else:
+                    value = await asyncio.to_thread(tool.fn, *args, **kwargs)
+                    if _iscoroutine(value):
+                        value = await value
+            except Exception as exc:
+                error = _raised_error(request, exc)
+            else:
+                return self._finish(plan, request, value)
+        return self._failed(error)
+
+    def execute_all(
+        self, requests: Iterable[ToolExecutionRequest], memory_id: object = None
+    ) -> list[ToolExecution]:
+        """Run requests one after another, in order."""
+        return [self.execute(request, memory_id) for request in requests]
+
+    async def aexecute_all(
+        self, requests: Iterable[ToolExecutionRequest], memory_id: object = None
+    ) -> list[ToolExecution]:
+        """Run requests concurrently; the results come in request order.
+
+        If one raises (through the error handler), the others are cancelled, and that
+        exception propagates once they have stopped (a sync tool's thread runs to its end).
+        """
+        pending = list(requests)
+        if len(pending) <= 1:
+            return [await self.aexecute(request, memory_id) for request in pending]
+        tasks = [asyncio.ensure_future(self.aexecute(request, memory_id)) for request in pending]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # retrieved, so asyncio does not log it as lost
+            raise
+
+    def _finish(self, plan: _ToolPlan, request: ToolExecutionRequest, value: Any) -> ToolExecution:
+        if type(value) is str:
+            text = value
+        elif value is None:
+            text = plan.none_text
+        else:
+            try:
+                text = to_json(value, fallback=str).decode()
+            except ValueError as exc:
+                error = ToolRaisedError(
+                    f"Tool {request.name!r} returned a {type(value).__name__} that has no "
+                    f"JSON form: {exc}",
+                    request,
+                )
+                error.__cause__ = exc
+                return self._failed(error)
+        return ToolExecution(request, text, value, None, plan.return_direct)
+
+    def _failed(self, error: ToolExecutionError) -> ToolExecution:
+        handler = self._error_handler
+        request = error.request
+        if handler is None:
+            return ToolExecution(request, str(error), None, error, False)
+        text = handler(error, request)
+        if not isinstance(text, str):
+            raise TypeError(
+                "error_handler must return the text for the model (a str) or raise, "
+                f"got {type(text).__name__}"
+            )
+        return ToolExecution(request, text, None, error, False)
+
+    def _unknown(self, request: ToolExecutionRequest) -> UnknownToolError:
+        if self.names:
+            message = (
+                f"There is no tool named {request.name!r}. The tools are: {', '.join(self.names)}."
+            )
+        else:
+            message = f"There is no tool named {request.name!r}, nor any other tool."
+        return UnknownToolError(message, request)
+
+
+def _collect_all(items: Iterable[object]) -> list[_Tool]:
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(
+            f"tools takes a list of functions and objects (tools=[f, obj]), got {_describe(items)}"
+        )
+    tools: list[_Tool] = []
+    problems: list[str] = []
+    for index, item in enumerate(items):
+        _collect(item, index, tools, problems)
+    if problems:
+        raise InterfaceError(problems)
+    return tools
+
+
+def _arguments_error(request: ToolExecutionRequest, exc: ValidationError) -> ToolArgumentsError:
+    error = ToolArgumentsError(
+        f"Invalid arguments for tool {request.name!r}: {describe_validation_error(exc)}. "
+        "Call it again with arguments that match its parameters.",
+        request,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedError:
+    detail = str(exc)
+    kind = type(exc).__name__
+    error = ToolRaisedError(
+        f"Tool {request.name!r} raised {kind}: {detail}"
+        if detail
+        else f"Tool {request.name!r} raised {kind}",
+        request,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    # This thread's loop is busy running our caller, and cannot wait on itself: the
+    # coroutine gets a loop of its own in a helper thread.
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, asyncio.run(coroutine)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name="aiservices-tool")
+    thread.start()
+    thread.join()
+    ok, result = outcome[0]
+    if ok:
+        return result
+    raise result

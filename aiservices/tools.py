@@ -1,0 +1,197 @@
+"""Tools the model may call: the ``@tool`` decorator, what a call to a tool produced, its errors.
+
+```
+AiServiceError
+ └── ToolExecutionError          a tool request that failed; the text goes to the model
+      ├── ToolArgumentsError      kind "arguments": not JSON, or not valid for the tool
+      ├── UnknownToolError        kind "unknown_tool": the model named a tool that is not there
+      └── ToolRaisedError         kind "raised": the tool raised (the exception is __cause__)
+```
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar, overload
+
+from .errors import AiServiceError
+from .messages import ToolExecutionRequest, ToolExecutionResultMessage
+from .models import ToolSpecification
+
+__all__ = [
+    "ToolArgumentsError",
+    "ToolErrorHandler",
+    "ToolErrorKind",
+    "ToolExecution",
+    "ToolExecutionError",
+    "ToolRaisedError",
+    "ToolSpecification",
+    "UnknownToolError",
+    "tool",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# What OpenAI and Anthropic both accept as a tool name.
+_TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_ATTRIBUTE: Final = "_aiservices_tool"
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolOptions:
+    """What ``@tool(...)`` said about a function; ``None`` means "from the function"."""
+
+    name: str | None = None
+    description: str | None = None
+    return_direct: bool = False
+
+
+_DEFAULT_OPTIONS: Final = _ToolOptions()
+
+
+@overload
+def tool(fn: _F, /) -> _F: ...
+
+
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, return_direct: bool = False
+) -> Callable[[_F], _F]: ...
+
+
+def tool(
+    fn: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    return_direct: bool = False,
+) -> Any:
+    """Mark a function or method as a tool the model may call; it is returned unchanged.
+
+    ``name`` defaults to the function's name, ``description`` to its docstring.
+    With ``return_direct=True`` a service returns the tool's result to its caller instead of
+    showing it to the model (when every tool the model asked for in that answer is such a
+    tool and none failed).
+    """
+    if isinstance(fn, str):
+        raise TypeError(f"tool({fn!r}): pass the name as a keyword, @tool(name={fn!r})")
+    if name is not None and (not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
+        raise ValueError(f"tool(name={name!r}): a tool name is 1 to 64 letters, digits, '_' or '-'")
+    if description is not None and not isinstance(description, str):
+        raise TypeError(f"tool(description=...) takes a str, got {type(description).__name__}")
+    if not isinstance(return_direct, bool):
+        raise TypeError(f"tool(return_direct=...) takes a bool, got {return_direct!r}")
+    options = (
+        _DEFAULT_OPTIONS
+        if name is None and description is None and not return_direct
+        else _ToolOptions(name, description, return_direct)
+    )
+
+    def mark(target: _F) -> _F:
+        _mark(target, options)
+        return target
+
+    return mark if fn is None else mark(fn)
+
+
+def _mark(target: object, options: _ToolOptions) -> None:
+    if isinstance(target, (staticmethod, classmethod)):
+        function: object = target.__func__
+    elif isinstance(target, type):
+        raise TypeError(
+            f"@tool cannot mark the class {target.__qualname__}: mark the methods the model "
+            "may call, and pass an instance in tools=[...]"
+        )
+    elif inspect.ismethod(target):
+        raise TypeError(
+            f"@tool cannot mark the bound method {target.__qualname__}: mark the method "
+            "where its class defines it, or wrap the call in a function"
+        )
+    elif callable(target):
+        function = target
+    else:
+        raise TypeError(f"@tool marks functions and methods, not {type(target).__name__}")
+    try:
+        setattr(function, _TOOL_ATTRIBUTE, options)
+    except (AttributeError, TypeError):
+        raise TypeError(
+            f"@tool cannot mark {function!r}: it takes no attributes; wrap it in a function"
+        ) from None
+
+
+def _tool_options(target: object) -> _ToolOptions | None:
+    """The options ``@tool`` set on ``target`` (a function, or a method's function)."""
+    options = getattr(target, _TOOL_ATTRIBUTE, None)
+    return options if isinstance(options, _ToolOptions) else None
+
+
+ToolErrorKind: TypeAlias = Literal["arguments", "unknown_tool", "raised"]
+
+
+class ToolExecutionError(AiServiceError):
+    """A tool request that failed; the message is the text the model is shown.
+
+    ``kind`` says what failed, ``request`` is the model's request, and ``__cause__`` the
+    original exception (pydantic's ``ValidationError``, or what the tool raised).
+    """
+
+    kind: ClassVar[ToolErrorKind]
+
+    def __init__(self, message: str, request: ToolExecutionRequest) -> None:
+        super().__init__(message)
+        self.request = request
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.request), self.__dict__)
+
+    @property
+    def tool_name(self) -> str:
+        """The tool name the model asked for."""
+        return self.request.name
+
+
+class ToolArgumentsError(ToolExecutionError):
+    """The arguments were not JSON, or did not validate against the tool's parameters."""
+
+    kind: ClassVar[ToolErrorKind] = "arguments"
+
+
+class UnknownToolError(ToolExecutionError):
+    """The model asked for a tool that is not offered."""
+
+    kind: ClassVar[ToolErrorKind] = "unknown_tool"
+
+
+class ToolRaisedError(ToolExecutionError):
+    """The tool raised, or returned a value that has no text form; ``__cause__`` says what."""
+
+    kind: ClassVar[ToolErrorKind] = "raised"
+
+
+ToolErrorHandler: TypeAlias = Callable[[ToolExecutionError, ToolExecutionRequest], str]
+"""Turns a failed request into the text the model is shown, or raises to end the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecution:
+    """One tool request and what came of it.
+
+    ``result`` is the text sent back to the model; ``value`` what the tool returned
+    (``None`` when it failed); ``error`` why it failed. ``return_direct`` is set when the
+    tool was declared ``return_direct=True`` and ran without error.
+    """
+
+    request: ToolExecutionRequest
+    result: str
+    value: Any = None
+    error: ToolExecutionError | None = None
+    return_direct: bool = False
+
+    def to_message(self) -> ToolExecutionResultMessage:
+        """The message recording this result, answering the request by its id."""
+        request = self.request
+        return ToolExecutionResultMessage(request.id, request.name, self.result)

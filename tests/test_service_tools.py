@@ -1,0 +1,266 @@
+"""Tool-calling services: the loop, what is recorded, recoverable errors, limits, direct returns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Protocol
+
+import pytest
+from pydantic import BaseModel
+
+from aiservices import (
+    AiMessage,
+    ChatMemoryAccess,
+    MemoryId,
+    MessageWindowChatMemory,
+    Result,
+    ToolExecutionResultMessage,
+    ToolLimitError,
+    UserMessage,
+    ai_service,
+    tool,
+)
+from aiservices.messages import ToolExecutionRequest
+from aiservices.testing import ScriptedChatModel, tool_call, tool_calls
+from aiservices.tools import ToolExecutionError
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
+class ABot(ChatMemoryAccess, Protocol):
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
+class Orders:
+    """An object whose @tool methods become tools bound to it."""
+
+    def __init__(self) -> None:
+        self.looked_up: list[str] = []
+
+    @tool
+    def lookup(self, order_id: str) -> dict[str, str]:
+        """Find an order's status."""
+        self.looked_up.append(order_id)
+        return {"order": order_id, "status": "shipped"}
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def divide(a: float, b: float) -> float:
+    """Divide a by b."""
+    return a / b
+
+
+def service(model: ScriptedChatModel, tools: list[object], **options: object) -> Bot:
+    return ai_service(
+        Bot, model=model, tools=tools,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_two_round_tool_call_records_every_step_in_order() -> None:
+    orders = Orders()
+    model = ScriptedChatModel(
+        tool_call("lookup", order_id="A1"),
+        tool_call("add", a=2, b=3),
+        "Order A1 shipped; 2 + 3 = 5.",
+    )
+    bot = service(model, [orders, add])
+    result = bot.chat("u", "Where is A1, and what is 2 + 3?")
+    assert result.content == "Order A1 shipped; 2 + 3 = 5."
+    assert orders.looked_up == ["A1"]
+    messages = bot.get_chat_memory("u").messages()
+    kinds = [type(m).__name__ for m in messages]
+    assert kinds == [
+        "UserMessage", "AiMessage", "ToolExecutionResultMessage",
+        "AiMessage", "ToolExecutionResultMessage", "AiMessage",
+    ]
+    first_request = messages[1].tool_execution_requests[0]  # type: ignore[union-attr]
+    assert messages[2] == ToolExecutionResultMessage(
+        first_request.id, "lookup", '{"order":"A1","status":"shipped"}'
+    )
+    assert messages[4].text == "5"
+    assert len({m.turn_id for m in messages}) == 1
+    assert [e.result for e in result.tool_executions] == ['{"order":"A1","status":"shipped"}', "5"]
+    # the second request showed the model the first round
+    assert [type(m).__name__ for m in model.requests[1].messages] == kinds[:3]
+    assert [t.name for t in model.requests[0].tools] == ["lookup", "add"]
+
+
+def test_a_raising_tool_reports_the_error_to_the_model_and_the_loop_goes_on() -> None:
+    model = ScriptedChatModel(tool_call("divide", a=1, b=0), "You cannot divide by zero.")
+    bot = service(model, [divide])
+    result = bot.chat("u", "1/0?")
+    assert result.content == "You cannot divide by zero."
+    sent = model.requests[1].messages[-1]
+    assert isinstance(sent, ToolExecutionResultMessage)
+    assert "ZeroDivisionError" in sent.text
+    assert "division by zero" in sent.text
+    assert isinstance(result.tool_executions[0].error, ToolExecutionError)
+
+
+def test_malformed_arguments_and_made_up_names_go_back_to_the_model() -> None:
+    bad_json = AiMessage(tool_execution_requests=[ToolExecutionRequest("c1", "add", "{not json")])
+    model = ScriptedChatModel(
+        bad_json, tool_call("add", a="one", b=2), tool_call("multiply", a=1), "giving up"
+    )
+    bot = service(model, [add, divide])
+    bot.chat("u", "compute")
+    texts = [r.messages[-1].text for r in model.requests[1:]]
+    assert "add" in texts[0] and "JSON" in texts[0]
+    assert "a:" in texts[1] and "integer" in texts[1]
+    assert "multiply" in texts[2] and "add, divide" in texts[2]
+
+
+def test_error_handler_can_turn_tool_errors_into_exceptions_and_memory_is_unchanged() -> None:
+    class Abort(Exception):
+        pass
+
+    def handler(error: ToolExecutionError, request: ToolExecutionRequest) -> str:
+        raise Abort(f"{error.kind}: {request.name}")
+
+    model = ScriptedChatModel(tool_call("divide", a=1, b=0))
+    bot = service(model, [divide], tool_error_handler=handler)
+    with pytest.raises(Abort, match="raised: divide"):
+        bot.chat("u", "1/0?")
+    assert bot.get_chat_memory("u").messages() == []
+
+
+def test_tool_limit_raises_without_running_the_tools_and_leaves_memory_unchanged() -> None:
+    orders = Orders()
+    model = ScriptedChatModel(default=lambda request: tool_call("lookup", order_id="X"))
+    bot = service(model, [orders], max_tool_invocations=3)
+    with pytest.raises(ToolLimitError) as info:
+        bot.chat("u", "loop forever")
+    assert info.value.limit == 3
+    assert len(orders.looked_up) == 3
+    assert len(model.requests) == 4
+    assert bot.get_chat_memory("u").messages() == []
+
+
+def test_zero_tool_invocations_refuses_the_first_tool_answer() -> None:
+    orders = Orders()
+    bot = service(ScriptedChatModel(tool_call("lookup", order_id="X")), [orders],
+                  max_tool_invocations=0)
+    with pytest.raises(ToolLimitError):
+        bot.chat("u", "x")
+    assert orders.looked_up == []
+
+
+def test_memory_id_is_injected_into_tools_and_hidden_from_the_model() -> None:
+    seen: list[str] = []
+
+    @tool
+    def whoami(user: Annotated[str, MemoryId]) -> str:
+        """Who is asking."""
+        seen.append(user)
+        return user
+
+    model = ScriptedChatModel(tool_call("whoami"), "done")
+    bot = service(model, [whoami])
+    bot.chat("carol", "who am I?")
+    assert seen == ["carol"]
+    assert model.requests[0].tools[0].parameters["properties"] == {}
+
+
+class Quote(BaseModel):
+    symbol: str
+    price: float
+
+
+def test_return_direct_returns_the_tool_result_without_another_model_round() -> None:
+    @tool(return_direct=True)
+    def quote(symbol: str) -> Quote:
+        """Current price."""
+        return Quote(symbol=symbol, price=10.5)
+
+    class Prices(Protocol):
+        def price(self, text: str) -> Quote: ...
+
+    model = ScriptedChatModel(tool_call("quote", symbol="ACME"))
+    memory = MessageWindowChatMemory(10)
+    bot = ai_service(Prices, model=model, tools=[quote], chat_memory=memory)
+    assert bot.price("ACME?") == Quote(symbol="ACME", price=10.5)
+    assert len(model.requests) == 1
+    assert [type(m).__name__ for m in memory.messages()] == [
+        "UserMessage", "AiMessage", "ToolExecutionResultMessage"
+    ]
+
+
+def test_tool_provider_adds_tools_per_call() -> None:
+    @tool
+    def secret(user: Annotated[str, MemoryId]) -> str:
+        """The caller's secret."""
+        return f"secret of {user}"
+
+    def provider(memory_id: object, message: UserMessage) -> list[object]:
+        return [secret] if "secret" in message.text else []
+
+    model = ScriptedChatModel("plain", tool_call("secret"), "told")
+    bot = service(model, [add], tool_provider=provider)
+    bot.chat("dan", "hello")
+    assert [t.name for t in model.requests[0].tools] == ["add"]
+    result = bot.chat("dan", "tell me my secret")
+    assert [t.name for t in model.requests[1].tools] == ["add", "secret"]
+    assert result.tool_executions[0].result == "secret of dan"
+
+
+async def test_parallel_async_tools_run_concurrently_and_are_recorded_in_request_order() -> None:
+    @tool
+    async def slow(name: str) -> str:
+        """Sleep, then answer."""
+        await asyncio.sleep(0.1)
+        return f"hello {name}"
+
+    model = ScriptedChatModel(tool_calls(("slow", {"name": "a"}), ("slow", {"name": "b"})), "ok")
+    bot = ai_service(
+        ABot, model=model, tools=[slow],
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50),
+    )
+    started = time.perf_counter()
+    result = await bot.chat("u", "greet both")
+    elapsed = time.perf_counter() - started
+    assert elapsed < 0.18
+    assert [e.result for e in result.tool_executions] == ["hello a", "hello b"]
+    messages = bot.get_chat_memory("u").messages()
+    assert [m.text for m in messages if isinstance(m, ToolExecutionResultMessage)] == [
+        "hello a", "hello b"
+    ]
+
+
+def test_sync_calls_run_parallel_requests_in_order() -> None:
+    calls: list[str] = []
+
+    @tool
+    def record(name: str) -> str:
+        """Record a name."""
+        calls.append(name)
+        return name
+
+    model = ScriptedChatModel(
+        tool_calls(("record", {"name": "1"}), ("record", {"name": "2"}), ("record", {"name": "3"})),
+        "ok",
+    )
+    service(model, [record]).chat("u", "go")
+    assert calls == ["1", "2", "3"]
+
+
+def test_duplicate_tool_names_fail_the_build() -> None:
+    from aiservices import InterfaceError
+
+    @tool(name="add")
+    def other(a: int) -> int:
+        """Another add."""
+        return a
+
+    with pytest.raises(InterfaceError, match="add"):
+        service(ScriptedChatModel(), [add, other])
