@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._result import Result
+from ._streams import AsyncTextStream, TextStream
 from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
 from .markers import MemoryId, UserName, V
 from .memory import (
@@ -69,6 +70,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AiMessage",
     "AiServiceError",
+    "AsyncTextStream",
     "ChatMemory",
     "ChatMemoryAccess",
     "ChatMemoryProvider",
@@ -91,6 +93,7 @@ __all__ = [
     "SystemMessage",
     "TokenCountEstimator",
     "TokenUsage",
+    "TextStream",
     "TokenWindowChatMemory",
     "ToolExecution",
     "ToolExecutionRequest",

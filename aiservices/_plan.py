@@ -47,6 +47,7 @@ class MethodPlan:
     user_message_index: int | None
     output: OutputPlan
     wraps_result: bool
+    is_coroutine: bool
     doc: str | None
 
 
@@ -98,17 +99,24 @@ def _is_hashable_type(annotation: Any) -> bool:
     return True
 
 
-def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool]:
-    """The call kind, the inner type to parse, and whether it is wrapped in ``Result``."""
-    origin = get_origin(annotation)
-    if origin in (collections.abc.Iterator, collections.abc.Iterable, collections.abc.Generator):
-        return ("astream" if is_async else "stream"), _only_arg(annotation), False
-    if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable):
-        return "astream", _only_arg(annotation), False
+def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] | str:
+    """The call kind, the inner type to parse, and whether it is wrapped in ``Result``.
+
+    A string is the problem with a streaming declaration.
+    """
+    from ._streams import AsyncTextStream, TextStream
+
+    origin = get_origin(annotation) or annotation
+    if origin in (collections.abc.Iterator, collections.abc.Iterable, TextStream):
+        if is_async:
+            return "an async def method streams with AsyncIterator[str]"
+        inner = _only_arg(annotation) if origin is not TextStream else str
+        return ("stream", inner, True) if inner is str else "a streaming method yields str"
+    if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable, AsyncTextStream):
+        inner = _only_arg(annotation) if origin is not AsyncTextStream else str
+        return ("astream", inner, True) if inner is str else "a streaming method yields str"
     if origin is Result:
         return ("async" if is_async else "sync"), _only_arg(annotation), True
-    if annotation is Result:
-        return ("async" if is_async else "sync"), str, True
     return ("async" if is_async else "sync"), annotation, False
 
 
@@ -238,17 +246,14 @@ def plan_method(
             _problem(where, "declare a return type (str, a pydantic model, Result[T], ...)")
         )
         return None
-    kind, inner, wraps = _return_kind(hints["return"], is_async)
-    if kind in ("stream", "astream") and inner is not str:
+    kind_or_problem = _return_kind(hints["return"], is_async)
+    if isinstance(kind_or_problem, str):
         problems.append(
-            _problem(where, f"a streaming method yields text: declare Iterator[str] or "
-                     f"AsyncIterator[str], not {hints['return']!r}")
+            _problem(where, f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` or "
+                     f"`async def m(...) -> AsyncIterator[str]`, not {hints['return']!r}")
         )
         return None
-    if kind == "stream" and get_origin(hints["return"]) in (
-        collections.abc.AsyncIterator, collections.abc.AsyncIterable
-    ):
-        kind = "astream"
+    kind, inner, wraps = kind_or_problem
     try:
         output = plan_output(inner)
     except UnsupportedOutputType as exc:
@@ -271,6 +276,7 @@ def plan_method(
         user_message_index=user_message_index,
         output=output,
         wraps_result=wraps,
+        is_coroutine=is_async,
         doc=function.__doc__,
     )
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar, overload
 
 from ._plan import MethodPlan, plan_interface
 from ._runner import Conversation, ServiceState, run_async, run_sync
+from ._streams import stream_async, stream_sync
 from ._toolbox import Toolbox
 from .errors import InterfaceError
 from .memory import ChatMemory
@@ -111,14 +112,18 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         ):
             pieces.append("/")
     arguments = "".join(f"{n}, " for n in names)
-    runner = "run_async" if plan.kind in ("async",) else "run_sync"
-    prefix = "async " if plan.kind == "async" else ""
+    runner = {"sync": "run_sync", "async": "run_async", "stream": "stream_sync",
+              "astream": "stream_async"}[plan.kind]
+    prefix = "async " if plan.is_coroutine else ""
     call = "await " if plan.kind == "async" else ""
     source = (
         f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
         f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
     )
-    namespace: dict[str, Any] = {"run_sync": run_sync, "run_async": run_async, "_plan": plan}
+    namespace: dict[str, Any] = {
+        "run_sync": run_sync, "run_async": run_async, "stream_sync": stream_sync,
+        "stream_async": stream_async, "_plan": plan,
+    }
     namespace.update(defaults)
     exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
     function: Callable[..., Any] = namespace[plan.name]

@@ -10,7 +10,7 @@ import aiservices.errors
 import aiservices.messages
 
 EXPECTED = {
-    "AiMessage", "AiServiceError", "ChatMemory", "ChatMemoryAccess", "ChatMemoryProvider",
+    "AiMessage", "AiServiceError", "AsyncTextStream", "TextStream", "ChatMemory", "ChatMemoryAccess", "ChatMemoryProvider",
     "ChatMemoryStore", "ChatMessage", "ChatModel", "ChatRequest", "ChatRequestParameters",
     "ChatResponse", "InMemoryChatMemoryStore", "InterfaceError", "MemoryId",
     "MessageWindowChatMemory", "OutputParseError", "PostgresChatMemoryStore",
