@@ -8,6 +8,7 @@ I/O the blocking or the awaiting way. One loop, two drivers, no rule written twi
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -35,6 +36,7 @@ from .messages import (
     new_message_id,
 )
 from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, TokenUsage
+from .observability import CallInfo, Hooks, emit, logger
 from .tools import ToolExecution
 
 __all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
@@ -80,6 +82,7 @@ class ServiceState:
     conversations: OrderedDict[Hashable, Conversation]
     table_lock: threading.Lock
     single: Conversation | None = None
+    hooks: Hooks | None = None
 
     # -- the model -------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class _Call:
     system_text: str | None
     user_text: str
     user_name: str | None
+    info: CallInfo | None = None
 
 
 def _stamp(cls: type[Any], values: dict[str, Any], turn_id: str) -> Any:
@@ -252,6 +256,13 @@ def _turn(
     plan = call.plan
     output = plan.output
     turn_id = new_message_id()
+    hooks = state.hooks
+    info: CallInfo | None = None
+    if hooks is not None:
+        info = call.info = CallInfo(
+            plan.qualname, call.memory_id, turn_id, getattr(state.model, "model_name", None)
+        )
+        emit(hooks.on_call_start, info)
     history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
     messages, system = _request_base(history, call.system_text, turn_id)
     user = _stamp(
@@ -277,7 +288,11 @@ def _turn(
             response_format,
             parameters,
         )
+        if info is not None:
+            emit(hooks.on_request, info, request)  # type: ignore[union-attr]
         response: ChatResponse = yield _MODEL, request
+        if info is not None:
+            emit(hooks.on_response, info, request, response)  # type: ignore[union-attr]
         if response.token_usage is not None:
             usage = response.token_usage if usage is None else usage + response.token_usage
         ai = _recorded(response.ai_message, turn_id)
@@ -294,7 +309,13 @@ def _turn(
             scratch = []
             messages.append(ai)
             recorded.append(ai)
+            if info is not None:
+                for tool_request in requests:
+                    emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
             results: list[ToolExecution] = yield _TOOLS, (toolbox, requests, call.memory_id)
+            if info is not None:
+                for execution in results:
+                    emit(hooks.on_tool_end, info, execution)  # type: ignore[union-attr]
             for execution in results:
                 result = _stamp(
                     ToolExecutionResultMessage,
@@ -312,7 +333,7 @@ def _turn(
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)
                 yield _COMMIT, recorded
-                return _answer(plan, value, usage, response, executions, call.memory_id, None)
+                return _finish(state, call, value, usage, response, executions, None, tool_rounds)
             continue
         if output.returns_ai_message:
             value = ai
@@ -332,7 +353,7 @@ def _turn(
                 continue
         recorded.append(ai)
         yield _COMMIT, recorded
-        return _answer(plan, value, usage, response, executions, call.memory_id, ai)
+        return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
 
 
 def _type_name(annotation: Any) -> str:
@@ -347,18 +368,43 @@ def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
     return plan.output.parse("\n".join(r.result for r in results))
 
 
-def _answer(
-    plan: MethodPlan,
+def _finish(
+    state: ServiceState,
+    call: _Call,
     value: Any,
     usage: TokenUsage | None,
     response: ChatResponse,
     executions: list[ToolExecution],
-    memory_id: Hashable | None,
     ai: AiMessage | None,
+    tool_rounds: int,
 ) -> Any:
-    if not plan.wraps_result:
-        return value
-    return Result(value, usage, response.finish_reason, tuple(executions), memory_id, ai)
+    plan = call.plan
+    info = call.info
+    result: Result[Any] | None = None
+    if plan.wraps_result or info is not None:
+        result = Result(
+            value, usage, response.finish_reason, tuple(executions), call.memory_id, ai
+        )
+        if info is not None and state.hooks is not None:
+            emit(state.hooks.on_call_end, info, result)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s memory_id=%r tool_rounds=%d tool_executions=%d token_usage=%s finish=%s",
+            plan.qualname, call.memory_id, tool_rounds, len(executions), usage,
+            response.finish_reason,
+        )
+    return result if plan.wraps_result else value
+
+
+def failed(state: ServiceState, call: _Call, error: BaseException) -> None:
+    """Report a call that raised to the listeners and the debug log."""
+    if call.info is not None and state.hooks is not None:
+        emit(state.hooks.on_error, call.info, error)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s memory_id=%r failed: %s", call.plan.qualname, call.memory_id,
+            type(error).__name__,
+        )
 
 
 # -- drivers -------------------------------------------------------------------------
@@ -402,6 +448,9 @@ def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
                 value = None
     except StopIteration as stop:
         return stop.value
+    except Exception as error:
+        failed(state, call, error)
+        raise
 
 
 def _commit(memory: ChatMemory, messages: list[ChatMessage]) -> None:
@@ -450,6 +499,9 @@ async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -
                 value = None
     except StopIteration as stop:
         return stop.value
+    except Exception as error:
+        failed(state, call, error)
+        raise
 
 
 async def _amemory(memory: ChatMemory, name: str, blocking: Callable[..., Any], *args: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._plan import MethodPlan
 from ._result import Result
-from ._runner import _MODEL, _READ, _TOOLS, ServiceState, _amemory, _Call, _turn, bind
+from ._runner import _MODEL, _READ, _TOOLS, ServiceState, _amemory, _Call, _turn, bind, failed
 from .models import ChatResponse
 
 __all__ = ["AsyncTextStream", "TextStream", "stream_async", "stream_sync"]
@@ -156,6 +156,9 @@ def _chunks(state: ServiceState, call: _Call, sink: TextStream) -> Generator[str
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
+            except Exception as error:
+                failed(state, call, error)
+                raise
         finally:
             if conversation is not None:
                 conversation.lock.release()
@@ -221,6 +224,9 @@ async def _achunks(
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
+            except Exception as error:
+                failed(state, call, error)
+                raise
         finally:
             if conversation is not None:
                 conversation.lock.release()

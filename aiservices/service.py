@@ -7,7 +7,7 @@ import inspect
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 from ._plan import MethodPlan, plan_interface
@@ -19,6 +19,7 @@ from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
 from .models import ChatModel, ChatRequestParameters
+from .observability import Hooks
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
@@ -168,6 +169,7 @@ def _build(
     max_output_retries: int,
     parameters: ChatRequestParameters | None,
     chat_memory_cache_size: int,
+    listeners: Sequence[object],
     localns: dict[str, Any] | None,
 ) -> T:
     chat_model, model_spec = _check_model(model)
@@ -187,6 +189,8 @@ def _build(
         problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
     if tool_provider is not None and not callable(tool_provider):
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
+    listeners = list(listeners)
+    problems.extend(Hooks.check(listeners))
     if problems:
         raise InterfaceError(problems)
     plans = plan_interface(
@@ -209,6 +213,7 @@ def _build(
         conversations=OrderedDict(),
         table_lock=threading.Lock(),
         single=Conversation(chat_memory) if chat_memory is not None else None,
+        hooks=Hooks(listeners) if listeners else None,
     )
     assert isinstance(interface, type)
     namespace: dict[str, Any] = {name: _method(plan) for name, plan in plans.items()}
@@ -237,6 +242,7 @@ def ai_service(
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
+    listeners: Sequence[object] = (),
 ) -> T: ...
 
 
@@ -254,6 +260,7 @@ def ai_service(
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
+    listeners: Sequence[object] = (),
 ) -> Callable[[Callable[..., T]], T]: ...
 
 
@@ -272,6 +279,7 @@ def ai_service(
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
+    listeners: Sequence[object] = (),
 ) -> T | Callable[[Callable[..., T]], T]:
     """Build an object implementing every method of ``interface`` (a ``typing.Protocol``).
 
@@ -286,6 +294,8 @@ def ai_service(
     ``tool_provider(memory_id, user_message)`` adds tools per call. ``tool_error_handler(error,
     request)`` returns the text the model sees for a failed tool call, or raises to end the
     call. ``parameters`` are sent with every request (temperature, max tokens...).
+    ``listeners`` see each call, request, response, tool run and error (see
+    ``aiservices.observability``).
     """
     options: dict[str, Any] = {
         "model": model,
@@ -299,6 +309,7 @@ def ai_service(
         "max_output_retries": max_output_retries,
         "parameters": parameters,
         "chat_memory_cache_size": chat_memory_cache_size,
+        "listeners": listeners,
     }
     # Annotations may name classes local to the caller's function: resolve them there too.
     options["localns"] = dict(sys._getframe(1).f_locals)

@@ -8,13 +8,14 @@ from pathlib import Path
 import aiservices
 
 PACKAGE = Path(aiservices.__file__).parent
-SDKS = {"openai", "anthropic", "httpx", "redis", "psycopg", "psycopg_pool"}
+SDKS = {"openai", "anthropic", "httpx", "redis", "psycopg", "psycopg_pool", "opentelemetry"}
 DRIVER_MODULES = {
     "models/openai.py": {"openai", "httpx"},
     "models/anthropic.py": {"anthropic", "httpx"},
     "models/_anthropic_tokens.py": {"anthropic"},
     "stores/redis.py": {"redis"},
     "stores/postgres.py": {"psycopg", "psycopg_pool"},
+    "otel.py": {"opentelemetry"},
 }
 
 

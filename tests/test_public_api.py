@@ -51,7 +51,7 @@ def test_import_loads_no_provider_sdk_or_store_driver() -> None:
     code = (
         "import sys, aiservices, aiservices.testing\n"
         "heavy = {'openai', 'anthropic', 'httpx', 'redis', 'psycopg', 'psycopg_pool', "
-        "'sqlite3', 'tiktoken'}\n"
+        "'sqlite3', 'tiktoken', 'opentelemetry'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
     out = subprocess.run(

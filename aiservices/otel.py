@@ -1,0 +1,134 @@
+"""OpenTelemetry spans for service calls, following the GenAI semantic conventions.
+
+```python
+from aiservices.otel import OpenTelemetryListener
+bot = ai_service(Assistant, model=..., listeners=[OpenTelemetryListener()])
+```
+
+Each call is an ``invoke_agent {Interface.method}`` span; inside it, each model round is a
+``chat {model}`` span and each tool run an ``execute_tool {name}`` span. Attributes:
+``gen_ai.operation.name``, ``gen_ai.agent.name``, ``gen_ai.request.model``,
+``gen_ai.conversation.id`` (the memory id), ``gen_ai.usage.input_tokens`` /
+``gen_ai.usage.output_tokens``, ``gen_ai.response.finish_reasons``, ``gen_ai.tool.name``,
+``gen_ai.tool.call.id``. No message content is recorded. Needs ``opentelemetry-api``
+(``pip install "aiservices[otel]"``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.trace import Span, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'aiservices.otel needs OpenTelemetry: pip install "aiservices[otel]"'
+    ) from exc
+
+from .messages import ToolExecutionRequest
+from .models import ChatRequest, ChatResponse, TokenUsage
+from .observability import CallInfo
+
+if TYPE_CHECKING:
+    from .tools import ToolExecution
+
+__all__ = ["OpenTelemetryListener"]
+
+_CALL = "aiservices.otel.call"
+_CHAT = "aiservices.otel.chat"
+_TOOLS = "aiservices.otel.tools"
+
+
+def _usage(span: Span, usage: TokenUsage | None) -> None:
+    if usage is None:
+        return
+    if usage.input_tokens is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+    if usage.output_tokens is not None:
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+
+
+class OpenTelemetryListener:
+    """Records spans for calls, model rounds and tool runs on ``tracer_provider``'s tracer."""
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        self.tracer = trace.get_tracer("aiservices", tracer_provider=tracer_provider)
+
+    def _common(self, call: CallInfo) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"gen_ai.agent.name": call.method}
+        if call.memory_id is not None:
+            attributes["gen_ai.conversation.id"] = str(call.memory_id)
+        if call.model_name:
+            attributes["gen_ai.request.model"] = call.model_name
+        return attributes
+
+    def on_call_start(self, call: CallInfo) -> None:
+        span = self.tracer.start_span(
+            f"invoke_agent {call.method}",
+            kind=trace.SpanKind.INTERNAL,
+            attributes={"gen_ai.operation.name": "invoke_agent", **self._common(call)},
+        )
+        call.attributes[_CALL] = span
+
+    def _child(self, call: CallInfo, name: str, attributes: dict[str, Any]) -> Span:
+        parent = call.attributes.get(_CALL)
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        return self.tracer.start_span(
+            name, context=context, kind=trace.SpanKind.CLIENT, attributes=attributes
+        )
+
+    def on_request(self, call: CallInfo, request: ChatRequest) -> None:
+        model = call.model_name or "model"
+        call.attributes[_CHAT] = self._child(
+            call, f"chat {model}", {"gen_ai.operation.name": "chat", **self._common(call)}
+        )
+
+    def on_response(self, call: CallInfo, request: ChatRequest, response: ChatResponse) -> None:
+        span: Span | None = call.attributes.pop(_CHAT, None)
+        if span is None:
+            return
+        _usage(span, response.token_usage)
+        if response.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+        span.end()
+
+    def on_tool_start(self, call: CallInfo, request: ToolExecutionRequest) -> None:
+        spans = call.attributes.setdefault(_TOOLS, {})
+        spans[request.id] = self._child(
+            call,
+            f"execute_tool {request.name}",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": request.name,
+                "gen_ai.tool.call.id": request.id,
+                **self._common(call),
+            },
+        )
+
+    def on_tool_end(self, call: CallInfo, execution: ToolExecution) -> None:
+        span: Span | None = call.attributes.get(_TOOLS, {}).pop(execution.request.id, None)
+        if span is None:
+            return
+        if execution.error is not None:
+            span.set_status(Status(StatusCode.ERROR, type(execution.error).__name__))
+            span.set_attribute("error.type", type(execution.error).__name__)
+        span.end()
+
+    def on_call_end(self, call: CallInfo, result: Any) -> None:
+        span: Span | None = call.attributes.pop(_CALL, None)
+        if span is None:
+            return
+        _usage(span, getattr(result, "token_usage", None))
+        span.end()
+
+    def on_error(self, call: CallInfo, error: BaseException) -> None:
+        for key in (_CHAT, _CALL):
+            span: Span | None = call.attributes.pop(key, None)
+            if span is not None:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                span.set_attribute("error.type", type(error).__name__)
+                span.end()
+        for span in call.attributes.pop(_TOOLS, {}).values():
+            span.end()

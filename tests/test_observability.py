@@ -1,0 +1,122 @@
+"""Listeners and the debug log: what a service reports about its calls."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Protocol
+
+import pytest
+
+from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
+from aiservices.models import TokenUsage
+from aiservices.observability import CallInfo
+from aiservices.testing import ScriptedChatModel, tool_call
+
+
+class Bot(Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+@tool
+def shout(word: str) -> str:
+    """Upper-case a word."""
+    return word.upper()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_call_start(self, call: CallInfo) -> None:
+        self.events.append(("call_start", call.memory_id))
+
+    def on_request(self, call: CallInfo, request: Any) -> None:
+        self.events.append(("request", len(request.messages)))
+
+    def on_response(self, call: CallInfo, request: Any, response: Any) -> None:
+        self.events.append(("response", response.finish_reason))
+
+    def on_tool_start(self, call: CallInfo, request: Any) -> None:
+        self.events.append(("tool_start", request.name))
+
+    def on_tool_end(self, call: CallInfo, execution: Any) -> None:
+        self.events.append(("tool_end", execution.result))
+
+    def on_call_end(self, call: CallInfo, result: Any) -> None:
+        self.events.append(("call_end", result.content))
+
+    def on_error(self, call: CallInfo, error: BaseException) -> None:
+        self.events.append(("error", type(error).__name__))
+
+
+def make(model: ScriptedChatModel, *listeners: object) -> Bot:
+    return ai_service(
+        Bot, model=model, tools=[shout], listeners=listeners,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+    )
+
+
+def test_listeners_see_every_step_in_order() -> None:
+    recorder = Recorder()
+    bot = make(ScriptedChatModel(tool_call("shout", word="hi"), "HI it is"), recorder)
+    bot.chat("ann", "shout hi")
+    assert recorder.events == [
+        ("call_start", "ann"),
+        ("request", 1),
+        ("response", "tool_calls"),
+        ("tool_start", "shout"),
+        ("tool_end", "HI"),
+        ("request", 3),
+        ("response", "stop"),
+        ("call_end", "HI it is"),
+    ]
+
+
+def test_errors_reach_listeners_and_are_raised() -> None:
+    recorder = Recorder()
+    bot = make(ScriptedChatModel(TimeoutError("slow provider")), recorder)
+    with pytest.raises(TimeoutError):
+        bot.chat("ann", "hello")
+    assert recorder.events[-1] == ("error", "TimeoutError")
+
+
+def test_a_failing_listener_is_logged_and_does_not_break_the_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def on_request(self, call: CallInfo, request: Any) -> None:
+            raise RuntimeError("listener bug")
+
+    recorder = Recorder()
+    bot = make(ScriptedChatModel("fine"), Broken(), recorder)
+    with caplog.at_level(logging.ERROR, logger="aiservices"):
+        assert bot.chat("ann", "hello") == "fine"
+    assert "listener" in caplog.text
+    assert ("call_end", "fine") in recorder.events
+
+
+def test_a_listener_without_hooks_fails_the_build() -> None:
+    from aiservices import InterfaceError
+
+    with pytest.raises(InterfaceError, match=r"listeners\[0\]"):
+        make(ScriptedChatModel(), object())
+
+
+def test_debug_log_has_memory_id_and_usage_but_no_content(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bot = make(ScriptedChatModel("secret answer", usage=TokenUsage(12, 4)))
+    with caplog.at_level(logging.DEBUG, logger="aiservices"):
+        bot.chat("ann", "my secret question")
+    assert "memory_id='ann'" in caplog.text
+    assert "input_tokens=12" in caplog.text
+    assert "secret" not in caplog.text
+
+
+def test_nothing_is_logged_at_info_or_above_for_a_normal_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bot = make(ScriptedChatModel("ok"))
+    with caplog.at_level(logging.INFO, logger="aiservices"):
+        bot.chat("ann", "hello")
+    assert caplog.records == []

@@ -1,0 +1,73 @@
+"""OpenTelemetry spans, checked with the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+from typing import Annotated, Protocol
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
+from aiservices.models import TokenUsage
+from aiservices.otel import OpenTelemetryListener
+from aiservices.testing import ScriptedChatModel, tool_call
+
+
+class Bot(Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+@tool
+def double(n: int) -> int:
+    """Twice n."""
+    return 2 * n
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+def make(model: ScriptedChatModel, exporter: InMemorySpanExporter) -> Bot:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return ai_service(
+        Bot, model=model, tools=[double],
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+
+
+def test_spans_follow_the_genai_conventions(exporter: InMemorySpanExporter) -> None:
+    model = ScriptedChatModel(tool_call("double", n=21), "42", usage=TokenUsage(10, 5),
+                              model_name="gpt-test")
+    make(model, exporter).chat("ann", "double 21")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"invoke_agent Bot.chat", "chat gpt-test", "execute_tool double"}
+    call = spans["invoke_agent Bot.chat"]
+    assert call.attributes["gen_ai.conversation.id"] == "ann"
+    assert call.attributes["gen_ai.usage.input_tokens"] == 20
+    assert call.attributes["gen_ai.usage.output_tokens"] == 10
+    chats = [s for s in exporter.get_finished_spans() if s.name == "chat gpt-test"]
+    assert len(chats) == 2
+    assert chats[0].attributes["gen_ai.request.model"] == "gpt-test"
+    assert chats[0].attributes["gen_ai.usage.input_tokens"] == 10
+    assert chats[0].attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert all(s.parent is not None and s.parent.span_id == call.context.span_id for s in chats)
+    tool_span = spans["execute_tool double"]
+    assert tool_span.attributes["gen_ai.tool.name"] == "double"
+
+
+def test_a_failed_call_ends_its_spans_with_an_error(exporter: InMemorySpanExporter) -> None:
+    bot = make(ScriptedChatModel(ConnectionError("down")), exporter)
+    with pytest.raises(ConnectionError):
+        bot.chat("ann", "hi")
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans} == {"invoke_agent Bot.chat", "chat scripted"}
+    assert all(s.status.status_code is StatusCode.ERROR for s in spans)
