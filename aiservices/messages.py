@@ -101,16 +101,21 @@ class _Message(_Frozen):
 
 
 _M = TypeVar("_M", bound=BaseModel)
-_set_attr = object.__setattr__
+_new = object.__new__
+# pydantic keeps instance state in slots; their descriptors set it past the frozen check.
+_set_dict = object.__setattr__
+_set_fields = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _trusted(cls: type[_M], values: dict[str, object]) -> _M:
     """Build a model from values already known valid, without validation (hot paths)."""
-    instance = cls.__new__(cls)
-    _set_attr(instance, "__dict__", values)
-    _set_attr(instance, "__pydantic_fields_set__", set(values))
-    _set_attr(instance, "__pydantic_extra__", None)
-    _set_attr(instance, "__pydantic_private__", None)
+    instance = _new(cls)
+    _set_dict(instance, "__dict__", values)
+    _set_fields(instance, set(values))
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
 
 

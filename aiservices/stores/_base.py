@@ -44,15 +44,19 @@ class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
         ...
 
 
-def store_key(memory_id: Hashable) -> str:
-    """The text key a store files a memory id under.
+_TYPED = "\x1f"
 
-    Strings are their own key; other ids (ints, UUIDs) are prefixed with their type name,
-    so that ``1`` and ``"1"`` stay different conversations.
+
+def store_key(memory_id: Hashable) -> str:
+    """The text key a store files a memory id under, one-to-one.
+
+    Strings are their own key (unless they start with the unit separator ``\\x1f``); other
+    ids (ints, UUIDs) are prefixed with it and their type name, so that ``1``, ``"1"`` and
+    ``"int:1"`` stay different conversations.
     """
     if type(memory_id) is str:
-        return memory_id
-    return f"{type(memory_id).__name__}:{memory_id}"
+        return _TYPED + memory_id if memory_id.startswith(_TYPED) else memory_id
+    return f"{_TYPED}{type(memory_id).__name__}:{memory_id}"
 
 
 @runtime_checkable

@@ -1,0 +1,671 @@
+"""``OpenAIChatModel``: a ``ChatModel`` on the ``openai`` SDK's Chat Completions API.
+
+It serves OpenAI itself and any server that speaks the same API (Ollama, vLLM, LM Studio,
+...) through ``base_url=``. Errors are the SDK's own (``openai.AuthenticationError``,
+``openai.RateLimitError``, ...); retries and timeouts are the SDK's too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import openai
+from openai.resources.chat.completions import Completions
+from openai.types.chat import ChatCompletion
+
+from ..messages import (
+    AiMessage,
+    ChatMessage,
+    SystemMessage,
+    ToolExecutionRequest,
+    ToolExecutionResultMessage,
+    UserMessage,
+)
+from . import ChatRequest, ChatResponse, ResponseFormat, TokenUsage, ToolSpecification
+
+if TYPE_CHECKING:
+    # The SDK takes httpx or httpx2 clients; neither is imported unless a caller made one.
+    import httpx
+    import httpx2
+
+__all__ = ["OpenAIChatModel"]
+
+LOCAL_SERVER_API_KEY: Final = "not-needed"
+"""The key sent to a ``base_url`` server when no key is configured (local servers want none)."""
+
+_FINISH_REASONS: Final[Mapping[str, str]] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+}
+
+# Keys of ChatRequestParameters.extra that create() takes as keyword arguments; every other
+# key goes into the request body through extra_body, so server-specific options (vLLM's
+# top_k, Ollama's options) work without the SDK knowing them.
+_CREATE_KWARGS: Final = frozenset(inspect.signature(Completions.create).parameters) - {"self"}
+
+_STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "off")
+_CACHE_LIMIT: Final = 512
+
+
+class OpenAIChatModel:
+    """A chat model served by OpenAI's Chat Completions API or an OpenAI-compatible server.
+
+    ``api_key`` defaults to ``OPENAI_API_KEY``; with ``base_url`` set and no key anywhere, a
+    placeholder key is sent, since local servers need none. ``timeout`` and ``max_retries``
+    go to the SDK client (``None`` keeps the SDK's defaults). ``temperature``, ``top_p`` and
+    ``max_tokens`` are defaults that a request's own parameters override; ``extra`` is merged
+    into every request (SDK keyword arguments as such, anything else into the request body).
+    ``max_tokens`` is sent as ``max_completion_tokens`` to OpenAI and as ``max_tokens`` to a
+    ``base_url`` server. ``structured_output="off"`` sends no ``response_format`` (for servers
+    without JSON-schema support). ``stream_usage=False`` omits ``stream_options`` from
+    streamed requests. ``client`` / ``async_client`` replace the SDK clients this model
+    would make (they are then never closed by it); ``http_client`` / ``async_http_client``
+    are handed to the clients it makes.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float | httpx2.Timeout | None = None,
+        max_retries: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        organization: str | None = None,
+        project: str | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        structured_output: Literal["json_schema", "off"] = "json_schema",
+        stream_usage: bool = True,
+        client: openai.OpenAI | None = None,
+        async_client: openai.AsyncOpenAI | None = None,
+        http_client: httpx.Client | httpx2.Client | None = None,
+        async_http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
+    ) -> None:
+        _check_model_name(model)
+        _check_options(temperature, top_p, max_tokens, max_retries, timeout)
+        if structured_output not in _STRUCTURED_OUTPUT_MODES:
+            raise ValueError(
+                f"structured_output must be one of {_STRUCTURED_OUTPUT_MODES}, "
+                f"not {structured_output!r}"
+            )
+        if client is not None and not isinstance(client, openai.OpenAI):
+            raise TypeError(f"client must be an openai.OpenAI, not {type(client).__name__}")
+        if async_client is not None and not isinstance(async_client, openai.AsyncOpenAI):
+            raise TypeError(
+                f"async_client must be an openai.AsyncOpenAI, not {type(async_client).__name__}"
+            )
+        connection = {
+            "api_key": api_key,
+            "base_url": base_url,
+            "timeout": timeout,
+            "max_retries": max_retries,
+            "organization": organization,
+            "project": project,
+            "default_headers": default_headers,
+            "http_client": http_client,
+            "async_http_client": async_http_client,
+        }
+        if client is not None and async_client is not None:
+            unused = [name for name, value in connection.items() if value is not None]
+            if unused:
+                raise ValueError(
+                    f"{', '.join(unused)} would go unused: client= and async_client= are "
+                    "both given, so set these on those clients instead"
+                )
+        self.model_name = model
+        # The URL requests go to: ours, else a handed-in client's, else the SDK's default.
+        if base_url is None and client is not None:
+            base_url = str(client.base_url)
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self._base_url = base_url
+        self._client_options: dict[str, Any] = {}
+        if async_client is None or client is None:
+            key = api_key
+            if key is None and client is not None and isinstance(client.api_key, str):
+                key = client.api_key  # the async client follows a handed-in sync client
+            key = key or os.environ.get("OPENAI_API_KEY") or None
+            if key is None:
+                if base_url is None:
+                    raise ValueError(
+                        "no OpenAI API key: pass api_key=... or set OPENAI_API_KEY "
+                        "(for a local OpenAI-compatible server, pass base_url=...)"
+                    )
+                key = LOCAL_SERVER_API_KEY
+            options: dict[str, Any] = {"api_key": _Secret(key)}
+            for name in ("base_url", "timeout", "max_retries", "organization", "project"):
+                value = base_url if name == "base_url" else connection[name]
+                if value is None and client is not None:
+                    value = getattr(client, name, None)
+                if value is not None:
+                    options[name] = value
+            if default_headers is not None:
+                options["default_headers"] = default_headers
+            self._client_options = options
+        self._http_client: Any = http_client
+        self._async_http_client: Any = async_http_client
+        self._client = client
+        self._owns_client = client is None
+        self._given_async_client = async_client
+        self._async_clients: dict[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = {}
+        self._lock = threading.Lock()
+
+        defaults: dict[str, Any] = {}
+        if temperature is not None:
+            defaults["temperature"] = temperature
+        if top_p is not None:
+            defaults["top_p"] = top_p
+        uses_openai = base_url is None or "api.openai.com" in base_url
+        self._max_tokens_key = "max_completion_tokens" if uses_openai else "max_tokens"
+        if max_tokens is not None:
+            defaults[self._max_tokens_key] = max_tokens
+        if extra:
+            _merge_extra(defaults, extra)
+        self._defaults = defaults
+        self._structured_output = structured_output == "json_schema"
+        self._stream_options = {"include_usage": True} if stream_usage else None
+        self._tool_cache: dict[int, tuple[ToolSpecification, dict[str, Any]]] = {}
+        self._format_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
+
+    def __repr__(self) -> str:
+        where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
+        return f"{type(self).__name__}(model={self.model_name!r}{where})"
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def _sync_client(self) -> openai.OpenAI:
+        client = self._client
+        if client is None:
+            with self._lock:
+                client = self._client
+                if client is None:
+                    client = self._client = openai.OpenAI(
+                        **self._connection_options(), http_client=self._http_client
+                    )
+        return client
+
+    def _async_client(self) -> openai.AsyncOpenAI:
+        if self._given_async_client is not None:
+            return self._given_async_client
+        # One client per event loop: an async connection pool cannot outlive the loop it was
+        # made in, and users do call asyncio.run() more than once. Clients of loops that
+        # have closed are dropped (they cannot be closed any more).
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            with self._lock:
+                clients = self._async_clients
+                for old in [old for old in clients if old.is_closed()]:
+                    del clients[old]
+                client = clients.get(loop)
+                if client is None:
+                    client = clients[loop] = openai.AsyncOpenAI(
+                        **self._connection_options(), http_client=self._async_http_client
+                    )
+        return client
+
+    def _connection_options(self) -> dict[str, Any]:
+        options = dict(self._client_options)
+        options["api_key"] = options["api_key"].value
+        return options
+
+    def close(self) -> None:
+        """Close the sync SDK client this model made (one handed in is left open)."""
+        client = self._client
+        if client is not None and self._owns_client:
+            self._client = None
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the SDK clients this model made: the sync one and this event loop's async one."""
+        self.close()
+        client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    def __enter__(self) -> OpenAIChatModel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> OpenAIChatModel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- the ChatModel protocol ------------------------------------------------------------
+
+    def chat(self, request: ChatRequest) -> ChatResponse:
+        """Answer one request with a single Chat Completions call."""
+        completion = self._sync_client().chat.completions.create(**self._request(request))
+        return _response(completion)
+
+    async def achat(self, request: ChatRequest) -> ChatResponse:
+        """The async form of :meth:`chat`."""
+        completion = await self._async_client().chat.completions.create(**self._request(request))
+        return _response(completion)
+
+    def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]:
+        """Yield the answer's text deltas, then one ``ChatResponse`` with the whole answer."""
+        kwargs = self._request(request, stream=True)
+        acc = _StreamAccumulator()
+        with self._sync_client().chat.completions.create(**kwargs) as chunks:
+            for chunk in chunks:
+                text = acc.add(chunk)
+                if text:
+                    yield text
+        yield acc.response()
+
+    async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
+        """The async form of :meth:`stream`."""
+        kwargs = self._request(request, stream=True)
+        acc = _StreamAccumulator()
+        chunks = await self._async_client().chat.completions.create(**kwargs)
+        async with chunks:
+            async for chunk in chunks:
+                text = acc.add(chunk)
+                if text:
+                    yield text
+        yield acc.response()
+
+    # -- request mapping -------------------------------------------------------------------
+
+    def _request(self, request: ChatRequest, *, stream: bool = False) -> dict[str, Any]:
+        kwargs = dict(self._defaults)
+        kwargs["model"] = self.model_name
+        kwargs["messages"] = _to_openai_messages(request.messages)
+        if request.tools:
+            kwargs["tools"] = [self._tool(spec) for spec in request.tools]
+        if request.response_format is not None and self._structured_output:
+            kwargs["response_format"] = self._response_format(request.response_format)
+        p = request.parameters
+        if p.temperature is not None:
+            kwargs["temperature"] = p.temperature
+        if p.top_p is not None:
+            kwargs["top_p"] = p.top_p
+        if p.max_output_tokens is not None:
+            kwargs[self._max_tokens_key] = p.max_output_tokens
+        if p.stop_sequences:
+            kwargs["stop"] = list(p.stop_sequences)
+        if stream:
+            kwargs["stream"] = True
+            if self._stream_options is not None:
+                kwargs["stream_options"] = self._stream_options
+        if p.extra:
+            _merge_extra(kwargs, p.extra)
+        return kwargs
+
+    def _tool(self, spec: ToolSpecification) -> dict[str, Any]:
+        # Services hand the same specification objects on every call: convert each once.
+        cached = self._tool_cache.get(id(spec))
+        if cached is not None and cached[0] is spec:
+            return cached[1]
+        param = _to_openai_tool(spec)
+        if len(self._tool_cache) >= _CACHE_LIMIT:
+            self._tool_cache.clear()
+        self._tool_cache[id(spec)] = (spec, param)
+        return param
+
+    def _response_format(self, fmt: ResponseFormat) -> dict[str, Any]:
+        cached = self._format_cache.get(id(fmt))
+        if cached is not None and cached[0] is fmt:
+            return cached[1]
+        param = _to_openai_response_format(fmt)
+        if len(self._format_cache) >= _CACHE_LIMIT:
+            self._format_cache.clear()
+        self._format_cache[id(fmt)] = (fmt, param)
+        return param
+
+
+# -- request mapping helpers -----------------------------------------------------------------
+
+
+def _to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Map chat messages to Chat Completions message dicts."""
+    out: list[dict[str, Any]] = []
+    append = out.append
+    for m in messages:
+        if isinstance(m, UserMessage):
+            item: dict[str, Any] = {"role": "user", "content": m.text}
+            if m.name:
+                item["name"] = _participant_name(m.name)
+            append(item)
+        elif isinstance(m, AiMessage):
+            requests = m.tool_execution_requests
+            if requests:
+                append(
+                    {
+                        "role": "assistant",
+                        "content": m.text or None,
+                        "tool_calls": [
+                            {
+                                "id": r.id,
+                                "type": "function",
+                                "function": {"name": r.name, "arguments": r.arguments},
+                            }
+                            for r in requests
+                        ],
+                    }
+                )
+            else:
+                append({"role": "assistant", "content": m.text or ""})
+        elif isinstance(m, ToolExecutionResultMessage):
+            append({"role": "tool", "tool_call_id": m.id, "content": m.text})
+        elif isinstance(m, SystemMessage):
+            append({"role": "system", "content": m.text})
+        else:
+            raise TypeError(f"not a chat message: {m!r}")
+    return out
+
+
+_NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _participant_name(name: str) -> str:
+    # The API rejects names outside [a-zA-Z0-9_-]{1,64}; "Ada Lovelace" becomes "Ada_Lovelace".
+    return _NAME_BAD_CHARS.sub("_", name)[:64]
+
+
+def _to_openai_tool(spec: ToolSpecification) -> dict[str, Any]:
+    """A function tool; ``strict`` is set when the schema meets the strict-mode rules."""
+    parameters = _plain(spec.parameters)
+    function: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        function["description"] = spec.description
+    function["parameters"] = parameters
+    if _is_strict_schema(parameters):
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def _to_openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
+    """A ``json_schema`` response format; non-strict schemas go as a best-effort schema."""
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": _schema_name(fmt.name),
+            "schema": _plain(fmt.schema),
+            "strict": bool(fmt.strict),
+        },
+    }
+
+
+def _schema_name(name: str) -> str:
+    return _NAME_BAD_CHARS.sub("_", name)[:64] or "response"
+
+
+def _plain(value: Any) -> Any:
+    # Schemas may arrive as read-only mappings; the SDK serialises plain dicts and lists.
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# OpenAI's strict structured outputs accept a subset of JSON Schema.
+_STRICT_KEYWORDS: Final = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "anyOf",
+        "enum",
+        "const",
+        "description",
+        "title",
+        "$ref",
+        "$defs",
+        "definitions",
+        "pattern",
+        "format",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "minItems",
+        "maxItems",
+    }
+)
+_STRICT_FORMATS: Final = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+
+
+def _is_strict_schema(schema: Mapping[str, Any]) -> bool:
+    """Whether OpenAI's strict mode accepts ``schema``: an object root, every object closed
+    (``additionalProperties: false``) with every property required, and supported keywords only.
+    """
+    return isinstance(schema, Mapping) and schema.get("type") == "object" and _strict(schema)
+
+
+def _strict(node: Any) -> bool:
+    if not isinstance(node, Mapping):
+        return False
+    for key in node:
+        if key not in _STRICT_KEYWORDS:
+            return False
+    fmt = node.get("format")
+    if fmt is not None and fmt not in _STRICT_FORMATS:
+        return False
+    kind = node.get("type")
+    props = node.get("properties")
+    if props is not None or kind == "object" or (isinstance(kind, list) and "object" in kind):
+        if node.get("additionalProperties") is not False:
+            return False
+        props = props or {}
+        if not isinstance(props, Mapping) or set(node.get("required", ())) != set(props):
+            return False
+        if not all(_strict(p) for p in props.values()):
+            return False
+    items = node.get("items")
+    if items is not None and not _strict(items):
+        return False
+    any_of = node.get("anyOf")
+    if any_of is not None and not (isinstance(any_of, list) and all(_strict(v) for v in any_of)):
+        return False
+    for key in ("$defs", "definitions"):
+        defs = node.get(key)
+        if defs is not None and not (
+            isinstance(defs, Mapping) and all(_strict(v) for v in defs.values())
+        ):
+            return False
+    return True
+
+
+def _merge_extra(kwargs: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    body: dict[str, Any] | None = None
+    for key, value in extra.items():
+        if key == "extra_body":
+            body = {**(body or kwargs.get("extra_body") or {}), **value}
+        elif key in _CREATE_KWARGS:
+            kwargs[key] = value
+        else:
+            if body is None:
+                body = dict(kwargs.get("extra_body") or {})
+            body[key] = value
+    if body is not None:
+        kwargs["extra_body"] = body
+
+
+# -- response mapping ----------------------------------------------------------------------
+
+
+def _response(completion: Any) -> ChatResponse:
+    if not isinstance(completion, ChatCompletion):
+        # The SDK hands back the raw body when a server answers with something else.
+        raise ValueError(
+            f"the server did not answer with a chat completion: {str(completion)[:200]!r}"
+        )
+    choices = completion.choices
+    if not choices:
+        raise ValueError(
+            f"the server answered with no choices (completion id {completion.id!r}); "
+            "an OpenAI-compatible server must return at least one"
+        )
+    choice = choices[0]
+    message = choice.message
+    text = message.content
+    if text is None:
+        text = getattr(message, "refusal", None)
+    requests = [
+        ToolExecutionRequest(
+            call.id or _new_call_id(), call.function.name, call.function.arguments or "{}"
+        )
+        for call in message.tool_calls or ()
+        if call.type == "function"
+    ]
+    usage = completion.usage
+    reason = choice.finish_reason
+    return ChatResponse(
+        AiMessage(text, requests),
+        TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
+        _FINISH_REASONS.get(reason, reason) if reason is not None else None,
+    )
+
+
+def _new_call_id() -> str:
+    # Some compatible servers send tool calls without ids; results must still point at one.
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class _StreamAccumulator:
+    """Folds ``ChatCompletionChunk`` objects into text deltas and one final response."""
+
+    __slots__ = ("_by_index", "_calls", "_finish", "_refusal", "_text", "_usage")
+
+    def __init__(self) -> None:
+        self._calls: list[list[Any]] = []  # [id, name, [argument parts]]
+        self._by_index: dict[int, list[Any]] = {}
+        self._text: list[str] = []
+        self._refusal: list[str] = []
+        self._finish: str | None = None
+        self._usage: Any = None
+
+    def add(self, chunk: Any) -> str | None:
+        """Take one chunk; return its text delta, if any."""
+        usage = chunk.usage
+        if usage is not None:
+            self._usage = usage
+        choices = chunk.choices
+        if not choices:
+            return None  # the usage chunk, or a keep-alive
+        choice = choices[0]
+        if choice.finish_reason is not None:
+            self._finish = choice.finish_reason
+        delta = choice.delta
+        if delta is None:
+            return None
+        if delta.tool_calls:
+            for position, call in enumerate(delta.tool_calls):
+                self._add_call(position, call)
+        refusal = getattr(delta, "refusal", None)
+        if refusal:
+            self._refusal.append(refusal)
+        text: str | None = delta.content
+        if text:
+            self._text.append(text)
+        return text
+
+    def _add_call(self, position: int, call: Any) -> None:
+        index = call.index if call.index is not None else position
+        entry = self._by_index.get(index)
+        # A new id at a known index is a new call: some compatible servers number every
+        # call 0 when they send several whole calls.
+        if entry is None or (call.id and entry[0] and call.id != entry[0]):
+            entry = [call.id, None, []]
+            self._calls.append(entry)
+            self._by_index[index] = entry
+        elif call.id and not entry[0]:
+            entry[0] = call.id
+        function = call.function
+        if function is not None:
+            if function.name:
+                entry[1] = function.name
+            if function.arguments:
+                entry[2].append(function.arguments)
+
+    def response(self) -> ChatResponse:
+        """The whole answer, once the stream has ended."""
+        requests = [
+            ToolExecutionRequest(call_id or _new_call_id(), name or "", "".join(parts) or "{}")
+            for call_id, name, parts in self._calls
+        ]
+        text = "".join(self._text) if self._text else None
+        if text is None and self._refusal:
+            text = "".join(self._refusal)
+        usage = self._usage
+        reason = self._finish
+        return ChatResponse(
+            AiMessage(text, requests),
+            TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
+            _FINISH_REASONS.get(reason, reason) if reason is not None else None,
+        )
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+class _Secret:
+    """Holds a key so that no repr, log line or traceback of ours shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "'**********'"
+
+
+def _redact_url(url: str) -> str:
+    # A base URL may carry credentials (https://user:secret@host/v1).
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+def _check_model_name(model: object) -> None:
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(
+            f"model must be a non-empty model name such as 'gpt-4o-mini', not {model!r}"
+        )
+
+
+def _check_options(
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+    max_retries: int | None,
+    timeout: object,
+) -> None:
+    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
+    if top_p is not None and not (isinstance(top_p, int | float) and 0 <= top_p <= 1):
+        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
+    if max_tokens is not None and not (
+        isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+    ):
+        raise ValueError(f"max_tokens must be a positive int, not {max_tokens!r}")
+    if max_retries is not None and not (
+        isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0
+    ):
+        raise ValueError(f"max_retries must be an int >= 0, not {max_retries!r}")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")

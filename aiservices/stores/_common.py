@@ -1,0 +1,207 @@
+"""What stores share beyond the protocol: history entries, store errors, message-id checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from ..errors import AiServiceError
+from ..messages import (
+    FORMAT_VERSION,
+    ChatMessage,
+    message_from_json,
+    messages_from_json,
+    new_message_id,
+)
+from ._base import ChatMemoryStore
+
+__all__ = [
+    "ChatHistoryStore",
+    "CorruptMessageError",
+    "HistoryEntry",
+    "MessageCache",
+    "StoreSchemaError",
+    "check_appended",
+    "check_unique_ids",
+    "duplicate_id_error",
+    "parse_messages",
+    "with_message_ids",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One recorded message and when it left the memory's window (``None``: it is still in)."""
+
+    message: ChatMessage
+    evicted_at: datetime | None = None
+
+    @property
+    def evicted(self) -> bool:
+        """Whether the message has left the window."""
+        return self.evicted_at is not None
+
+
+@runtime_checkable
+class ChatHistoryStore(ChatMemoryStore, Protocol):
+    """A store that can keep the whole transcript beside the window."""
+
+    def get_history(self, memory_id: Hashable) -> list[HistoryEntry]:
+        """Every message recorded for ``memory_id`` and kept, in order, evicted ones marked."""
+        ...
+
+    def forget(self, memory_id: Hashable) -> None:
+        """Erase the conversation's window and history."""
+        ...
+
+
+class CorruptMessageError(AiServiceError, ValueError):
+    """A stored message could not be read back; nothing of the conversation was returned.
+
+    ``memory_id`` is the conversation and ``row`` where the bad message is kept (for SQLite,
+    the ``seq`` of its row), so that it can be repaired or deleted by hand; ``hint`` says how.
+    """
+
+    def __init__(self, memory_id: Hashable, row: object, reason: str, *, hint: str = "") -> None:
+        message = f"stored message at row {row} of conversation {memory_id!r} is corrupt: {reason}"
+        super().__init__(f"{message}; {hint}" if hint else message)
+        self.memory_id = memory_id
+        self.row = row
+        self.reason = reason
+
+
+class StoreSchemaError(AiServiceError, RuntimeError):
+    """The store's tables were written by another version of aiservices, or by someone else."""
+
+
+def with_message_ids(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` as a new list, each message without a ``message_id`` given a fresh one."""
+    return [
+        m if m.message_id is not None else m.with_metadata(message_id=new_message_id())
+        for m in messages
+    ]
+
+
+def check_appended(appended: Sequence[ChatMessage]) -> None:
+    """Raise ``ValueError`` unless every appended message has its own ``message_id``."""
+    for i, m in enumerate(appended):
+        if m.message_id is None:
+            raise ValueError(
+                f"apply_changes needs a message_id on every appended message; appended[{i}] "
+                f"({type(m).__name__}) has none. Give it one with "
+                "message.with_metadata(message_id=new_message_id())"
+            )
+    if len(appended) > 1:
+        check_unique_ids(appended)
+
+
+def check_unique_ids(messages: Sequence[ChatMessage]) -> None:
+    """Raise ``ValueError`` if two of ``messages`` share a ``message_id``."""
+    seen: set[str | None] = set()
+    for m in messages:
+        mid = m.message_id
+        if mid in seen:
+            raise duplicate_id_error(mid)
+        seen.add(mid)
+
+
+def duplicate_id_error(message_id: str | None, memory_id: Hashable | None = None) -> ValueError:
+    """The error for a ``message_id`` that would appear twice in one conversation."""
+    where = "the same messages" if memory_id is None else f"conversation {memory_id!r}"
+    return ValueError(
+        f"message_id {message_id!r} appears twice in {where}; each message of a conversation "
+        "needs its own id (a copy can get a new one with "
+        "message.with_metadata(message_id=new_message_id()))"
+    )
+
+
+class MessageCache:
+    """Messages parsed from stored JSON, looked up by that JSON text.
+
+    Messages are immutable, so equal text always gives an equal message: a cached one is
+    never stale, whoever wrote the row. A turn reads back the window the last turn read (or
+    wrote), so nearly every row is found here and only new ones are parsed. Two generations
+    bound the memory: a lookup moves an entry into the young one, and when the young one
+    holds ``max_entries`` messages or ``max_chars`` characters of JSON, the old one is
+    dropped and the young one becomes old.
+    """
+
+    __slots__ = ("_chars", "_old", "_young", "max_chars", "max_entries")
+
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 2_000_000) -> None:
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self._young: dict[object, ChatMessage] = {}
+        self._old: dict[object, ChatMessage] = {}
+        self._chars = 0
+
+    def parse(
+        self, texts: Sequence[object], corrupt: Callable[[int, str], Exception]
+    ) -> list[ChatMessage]:
+        """The messages of ``texts``; a text that does not parse raises ``corrupt(i, why)``."""
+        get = self._young.get
+        found = [get(text) for text in texts]
+        if None not in found:
+            return found  # type: ignore[return-value]
+        missing: list[int] = []
+        old = self._old
+        for i, hit in enumerate(found):
+            if hit is None:
+                message = old.get(texts[i])
+                if message is None:
+                    missing.append(i)
+                else:
+                    found[i] = message
+                    self._add(texts[i], message)
+        if missing:
+            parsed = parse_messages([texts[i] for i in missing], corrupt, missing)
+            for i, message in zip(missing, parsed, strict=True):
+                found[i] = message
+                self._add(texts[i], message)
+        return found  # type: ignore[return-value]
+
+    def remember(self, texts: Sequence[str], messages: Sequence[ChatMessage]) -> None:
+        """Keep messages just written, so that reading them back parses nothing."""
+        for text, message in zip(texts, messages, strict=True):
+            self._add(text, message)
+
+    def _add(self, text: object, message: ChatMessage) -> None:
+        self._young[text] = message
+        self._chars += len(text) if isinstance(text, str | bytes) else 1
+        if self._chars >= self.max_chars or len(self._young) >= self.max_entries:
+            self._old, self._young, self._chars = self._young, {}, 0
+
+
+def parse_messages(
+    texts: Sequence[object],
+    corrupt: Callable[[int, str], Exception],
+    positions: Sequence[int] | None = None,
+) -> list[ChatMessage]:
+    """Parse one stored message per text; a bad one raises ``corrupt(position, why)``.
+
+    ``positions`` maps each text to the position reported (its index, by default).
+    """
+    # One parse of all texts together is about twice as fast as one per text. A text that
+    # is not exactly one JSON object could merge with its neighbours, hence the checks; any
+    # doubt falls back to text by text, which finds the bad one.
+    if all(type(t) is str and t[:1] == "{" and t[-1:] == "}" for t in texts):
+        body = ",".join(texts)  # type: ignore[arg-type]
+        try:
+            messages = messages_from_json(f'{{"format":{FORMAT_VERSION},"messages":[{body}]}}')
+        except ValueError:
+            pass
+        else:
+            if len(messages) == len(texts):
+                return messages
+    result = []
+    for i, text in enumerate(texts):
+        at = i if positions is None else positions[i]
+        if not isinstance(text, str | bytes):
+            raise corrupt(at, f"not text but {text!r}")
+        try:
+            result.append(message_from_json(text))
+        except ValueError as exc:
+            raise corrupt(at, str(exc)) from None
+    return result

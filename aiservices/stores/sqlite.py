@@ -1,0 +1,519 @@
+"""A persistent store in a SQLite file: one row per message, safe across threads and processes.
+
+Schema (``table`` defaults to ``chat_messages``)::
+
+    {table}          the window: one row per message a memory holds
+        memory_key   TEXT     store_key(memory_id)
+        seq          INTEGER  position in the conversation; PRIMARY KEY (memory_key, seq)
+        message_id   TEXT     unique per conversation (index {table}_message_id)
+        turn_id      TEXT     the message's turn_id, for queries
+        created_at   TEXT     the message's created_at (ISO 8601), for queries
+        stored_at    REAL     when the row was written (unix seconds)
+        message      TEXT     the message as messages.message_to_json writes it
+    {table}_history  the same columns plus evicted_at (TEXT, ISO 8601 UTC): rows that left
+                     the window of a store opened with keep_history=True
+    {table}_schema   name/value pairs; 'version' is the schema version
+
+Both message tables are ``WITHOUT ROWID``, so a conversation's window is one contiguous
+range of the primary key, never mixed with its history.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock before
+reading anything, so writers in other threads and processes queue (for up to ``timeout``
+seconds) instead of racing, and none loses another's messages. Within one process, writers
+on the same file also queue on a lock of their own rather than in SQLite's sleep-and-retry
+busy handler. Each thread reads through its own connection; in WAL mode
+readers never wait for the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Collection, Hashable, Sequence
+from datetime import UTC, datetime
+from typing import ClassVar, Final, Literal, Self
+
+from ..messages import ChatMessage, message_to_json
+from ._base import store_key
+from ._common import (
+    CorruptMessageError,
+    HistoryEntry,
+    MessageCache,
+    StoreSchemaError,
+    check_appended,
+    check_unique_ids,
+    duplicate_id_error,
+    with_message_ids,
+)
+
+__all__ = ["SqliteChatMemoryStore"]
+
+SCHEMA_VERSION: Final = 1
+"""The schema this version writes; a file with a newer one is refused."""
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_COLUMNS = "memory_key, seq, message_id, turn_id, created_at, stored_at, message"
+
+
+class _Shared:
+    # What every store object on one file in this process shares: the lock its writers
+    # queue on.
+    __slots__ = ("write_lock",)
+
+    def __init__(self) -> None:
+        self.write_lock = threading.Lock()
+
+
+class _Holder:
+    # One thread's connection. The thread-local owns the holder; the store sees it through
+    # a WeakSet, so a finished thread's connection is closed without the store's help.
+    __slots__ = ("__weakref__", "conn", "finalizer", "generation")
+
+    def __init__(self, conn: sqlite3.Connection, generation: int) -> None:
+        self.conn = conn
+        self.generation = generation
+        self.finalizer = weakref.finalize(self, _close, conn, generation)
+
+
+def _close(conn: sqlite3.Connection, generation: int) -> None:
+    if generation == _process.generation:
+        conn.close()
+    else:
+        # Opened before a fork(): SQLite forbids using or closing it in the child, and
+        # dropping it would close it, so it is kept for the life of the process.
+        _abandoned.append(conn)
+
+
+class _Process:
+    # Per-process state, renewed in a forked child: the child must not touch its parent's
+    # connections or locks.
+    __slots__ = ("generation", "lock", "shared_by_path")
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.lock = threading.Lock()
+        self.shared_by_path: dict[str, _Shared] = {}
+
+    def after_fork_in_child(self) -> None:
+        self.generation += 1
+        self.lock = threading.Lock()
+        for shared in self.shared_by_path.values():
+            shared.write_lock = threading.Lock()
+
+    def shared_for(self, path: str) -> _Shared:
+        with self.lock:
+            shared = self.shared_by_path.get(path)
+            if shared is None:
+                shared = self.shared_by_path[path] = _Shared()
+            return shared
+
+
+_process = _Process()
+os.register_at_fork(after_in_child=_process.after_fork_in_child)
+_abandoned: list[sqlite3.Connection] = []
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+class SqliteChatMemoryStore:
+    """Keeps conversations in a SQLite file, writing only what changed.
+
+    ``path`` is the database file, created with its tables if absent. With
+    ``keep_history=True``, messages leaving the window move to a history table instead of
+    being deleted (``delete_messages`` then empties the window and keeps the history);
+    :meth:`get_history` reads the whole transcript and :meth:`forget` erases it. ``timeout``
+    is how many seconds a writer waits for another process's write; ``synchronous`` is
+    SQLite's durability setting (``"NORMAL"`` survives a crash of the application, ``"FULL"``
+    also a power cut). Several stores, with different ``table`` names, may share one file.
+
+    Within a conversation every message has its own ``message_id``: ``update_messages``
+    gives one to a message that has none, and a duplicate id is a ``ValueError``.
+    """
+
+    is_blocking: ClassVar[bool] = True
+    """Its methods do file I/O: async calls run them in a worker thread."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_history: bool = False,
+        table: str = "chat_messages",
+        timeout: float = 30.0,
+        synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL",
+    ) -> None:
+        raw = os.fspath(path)
+        if not isinstance(raw, str):
+            raise TypeError(f"path must be a str or os.PathLike[str], not {type(raw).__name__}")
+        if raw in ("", ":memory:") or raw.startswith("file:"):
+            raise ValueError(
+                f"SqliteChatMemoryStore needs a file path, got {raw!r}; for a store that "
+                "lives in memory use InMemoryChatMemoryStore, or pass a file in a "
+                "temporary directory"
+            )
+        if not _IDENTIFIER.fullmatch(table):
+            raise ValueError(
+                f"table must be a plain SQL identifier (letters, digits, underscores, not "
+                f"starting with a digit), got {table!r}"
+            )
+        if synchronous not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        self.path = raw
+        self.keep_history = keep_history
+        self.table = table
+        self._timeout = timeout
+        self._synchronous = synchronous
+        self._shared = _process.shared_for(os.path.realpath(raw))
+        self._local = threading.local()
+        self._holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
+        self._holders_lock = threading.Lock()
+        self._closed = False
+        self._sql = _Statements(table)
+        self._cache = MessageCache()
+        self._connection()  # opens the file and checks or creates the schema now
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.path!r}, keep_history={self.keep_history!r}, "
+            f"table={self.table!r})"
+        )
+
+    # -- connections -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        holder: _Holder | None = getattr(self._local, "holder", None)
+        if holder is not None and holder.generation == _process.generation:
+            return holder.conn
+        return self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._closed:
+            raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
+        conn = sqlite3.connect(
+            self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            self._check_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        holder = _Holder(conn, _process.generation)
+        self._local.holder = holder
+        with self._holders_lock:
+            self._holders.add(holder)
+        return conn
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        sql = self._sql
+        version = _schema_version(conn, sql.schema)
+        if version is None:
+            with self._shared.write_lock, conn:
+                conn.execute("BEGIN IMMEDIATE")
+                version = _schema_version(conn, sql.schema)
+                if version is None:
+                    if _table_exists(conn, self.table):
+                        raise StoreSchemaError(
+                            f"{self.path}: table {self.table!r} exists but was not made by "
+                            "aiservices; pass another table= name"
+                        )
+                    for statement in sql.create:
+                        conn.execute(statement)
+                    conn.execute(
+                        f"INSERT INTO {sql.schema} (name, value) VALUES ('version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+                    version = SCHEMA_VERSION
+        if version > SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"{self.path}: table {self.table!r} has schema version {version}, newer than "
+                f"the {SCHEMA_VERSION} this version of aiservices reads; upgrade aiservices"
+            )
+        if version < SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"{self.path}: table {self.table!r} has unknown schema version {version}"
+            )
+
+    def close(self) -> None:
+        """Close every connection this store opened; using it afterwards is an error."""
+        self._closed = True
+        with self._holders_lock:
+            holders = list(self._holders)
+        for holder in holders:
+            holder.finalizer()
+        self._local = threading.local()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the store protocol --------------------------------------------------------------
+
+    def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        """The messages in the window, oldest first; ``[]`` for an unknown id."""
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        rows = self._connection().execute(self._sql.read, (key,)).fetchall()
+        return self._parse(memory_id, rows) if rows else []
+
+    def apply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None:
+        """In one transaction, remove the messages whose id is in ``removed`` (moving them to
+        history with ``keep_history``), then append ``appended`` after every stored message."""
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        new_ids = [m.message_id for m in appended]
+        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
+            check_appended(appended)  # raises, saying which message is wrong
+        conn = self._connection()
+        with self._shared.write_lock, conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if removed:
+                self._evict(conn, key, list(removed))
+            if appended:
+                self._append(conn, memory_id, key, appended, None)
+
+    def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        """Make the window equal to ``messages``, writing only the difference.
+
+        Stored messages missing from ``messages`` are removed (to history with
+        ``keep_history``) and new ones appended. If the messages kept would change order, or
+        a new one goes before one kept, the window's rows are written again.
+        """
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        new = with_message_ids(messages)
+        check_unique_ids(new)
+        texts = [message_to_json(m) for m in new]
+        by_id = {m.message_id: text for m, text in zip(new, texts, strict=True)}
+        conn = self._connection()
+        with self._shared.write_lock, conn:
+            conn.execute("BEGIN IMMEDIATE")
+            kept: list[str] = []
+            removed: list[str] = []
+            for mid, text in conn.execute(self._sql.read_window, (key,)):
+                (kept if by_id.get(mid) == text else removed).append(mid)
+            if removed:
+                self._evict(conn, key, removed)
+            n = len(kept)
+            if all(m.message_id == mid for m, mid in zip(new, kept, strict=False)):
+                start = n  # the kept ones lead, in their order: append the rest
+            else:
+                conn.executemany(self._sql.delete_one, [(key, mid) for mid in kept])
+                start = 0
+            if start < len(new):
+                self._append(conn, memory_id, key, new[start:], texts[start:])
+
+    def delete_messages(self, memory_id: Hashable) -> None:
+        """Empty the window; with ``keep_history`` its messages stay in history, evicted."""
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        conn = self._connection()
+        sql = self._sql
+        with self._shared.write_lock, conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if self.keep_history:
+                conn.execute(sql.evict_all, (key, _now()))
+            conn.execute(sql.delete_all, (key,))
+
+    # -- history -------------------------------------------------------------------------
+
+    def get_history(self, memory_id: Hashable) -> list[HistoryEntry]:
+        """Every message kept for ``memory_id``, in order: the history, then the window.
+
+        Each entry's ``evicted_at`` says when it left the window (``None``: still in it).
+        Without ``keep_history`` evicted messages are deleted, so only the window and any
+        history written earlier by a store with ``keep_history`` remain.
+        """
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        rows = self._connection().execute(self._sql.read_history, (key, key)).fetchall()
+        if not rows:
+            return []
+        messages = self._parse(memory_id, rows)
+        entries = []
+        for message, (seq, _, evicted_at) in zip(messages, rows, strict=True):
+            try:
+                when = None if evicted_at is None else datetime.fromisoformat(evicted_at)
+            except (TypeError, ValueError):
+                raise _corrupt(
+                    memory_id, seq, f"evicted_at {evicted_at!r} is not a timestamp", self.table
+                ) from None
+            entries.append(HistoryEntry(message, when))
+        return entries
+
+    def forget(self, memory_id: Hashable) -> None:
+        """Erase the conversation's window and history."""
+        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        conn = self._connection()
+        sql = self._sql
+        with self._shared.write_lock, conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(sql.delete_all, (key,))
+            conn.execute(sql.forget_history, (key,))
+
+    def _parse(self, memory_id: Hashable, rows: Sequence[tuple[object, ...]]) -> list[ChatMessage]:
+        # rows: (seq, message, ...)
+        def corrupt(i: int, reason: str) -> Exception:
+            return _corrupt(memory_id, rows[i][0], reason, self.table)
+
+        return self._cache.parse([row[1] for row in rows], corrupt)
+
+    # -- inside a write transaction -------------------------------------------------------
+
+    def _evict(self, conn: sqlite3.Connection, key: str, message_ids: list[str]) -> None:
+        sql = self._sql
+        if self.keep_history:
+            when = _now()
+            conn.executemany(sql.evict_one, [(key, mid, when) for mid in message_ids])
+        conn.executemany(sql.delete_one, [(key, mid) for mid in message_ids])
+
+    def _append(
+        self,
+        conn: sqlite3.Connection,
+        memory_id: Hashable,
+        key: str,
+        messages: Sequence[ChatMessage],
+        texts: Sequence[str] | None,
+    ) -> None:
+        sql = self._sql
+        (last,) = conn.execute(sql.last_seq, (key,)).fetchone()
+        stored_at = time.time()
+        if texts is None:
+            texts = [message_to_json(m) for m in messages]
+        rows = [
+            (
+                key,
+                last + i,
+                m.message_id,
+                m.turn_id,
+                None if m.created_at is None else m.created_at.isoformat(),
+                stored_at,
+                text,
+            )
+            for i, (m, text) in enumerate(zip(messages, texts, strict=True), 1)
+        ]
+        try:
+            conn.executemany(sql.insert, rows)
+            self._cache.remember(texts, messages)
+        except sqlite3.IntegrityError as exc:
+            if "message_id" not in str(exc):
+                raise
+            stored = {mid for (mid,) in conn.execute(sql.read_ids_only, (key,))}
+            clash = next(
+                (m.message_id for m in messages if m.message_id in stored), messages[0].message_id
+            )
+            raise duplicate_id_error(clash, memory_id) from None
+
+
+class _Statements:
+    # The SQL of one table, formatted once per store.
+    __slots__ = (
+        "create",
+        "delete_all",
+        "delete_one",
+        "evict_all",
+        "evict_one",
+        "forget_history",
+        "insert",
+        "last_seq",
+        "read",
+        "read_history",
+        "read_ids_only",
+        "read_window",
+        "schema",
+    )
+
+    def __init__(self, table: str) -> None:
+        history = f"{table}_history"
+        self.schema = f"{table}_schema"
+        columns = """
+            memory_key TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            message_id TEXT NOT NULL,
+            turn_id TEXT,
+            created_at TEXT,
+            stored_at REAL NOT NULL,
+            message TEXT NOT NULL"""
+        self.create = (
+            f"CREATE TABLE {self.schema} (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            f"CREATE TABLE {table} ({columns}, PRIMARY KEY (memory_key, seq)) WITHOUT ROWID",
+            f"CREATE UNIQUE INDEX {table}_message_id ON {table} (memory_key, message_id)",
+            f"CREATE TABLE {history} ({columns}, evicted_at TEXT NOT NULL, "
+            "PRIMARY KEY (memory_key, seq)) WITHOUT ROWID",
+        )
+        self.read = f"SELECT seq, message FROM {table} WHERE memory_key = ? ORDER BY seq"
+        self.read_window = (
+            f"SELECT message_id, message FROM {table} WHERE memory_key = ? ORDER BY seq"
+        )
+        self.read_ids_only = f"SELECT message_id FROM {table} WHERE memory_key = ?"
+        self.read_history = (
+            f"SELECT seq, message, evicted_at FROM {history} WHERE memory_key = ? "
+            f"UNION ALL SELECT seq, message, NULL FROM {table} WHERE memory_key = ? "
+            "ORDER BY seq"
+        )
+        # Sequence numbers stay unique across window and history, so history keeps order.
+        self.last_seq = (
+            "SELECT max("
+            f"coalesce((SELECT seq FROM {table} WHERE memory_key = ?1 "
+            "ORDER BY seq DESC LIMIT 1), -1), "
+            f"coalesce((SELECT seq FROM {history} WHERE memory_key = ?1 "
+            "ORDER BY seq DESC LIMIT 1), -1))"
+        )
+        self.insert = f"INSERT INTO {table} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        self.delete_one = f"DELETE FROM {table} WHERE memory_key = ? AND message_id = ?"
+        self.delete_all = f"DELETE FROM {table} WHERE memory_key = ?"
+        self.evict_one = (
+            f"INSERT INTO {history} ({_COLUMNS}, evicted_at) SELECT {_COLUMNS}, ?3 "
+            f"FROM {table} WHERE memory_key = ?1 AND message_id = ?2"
+        )
+        self.evict_all = (
+            f"INSERT INTO {history} ({_COLUMNS}, evicted_at) SELECT {_COLUMNS}, ?2 "
+            f"FROM {table} WHERE memory_key = ?1"
+        )
+        self.forget_history = f"DELETE FROM {history} WHERE memory_key = ?"
+
+
+def _schema_version(conn: sqlite3.Connection, schema_table: str) -> int | None:
+    if not _table_exists(conn, schema_table):
+        return None
+    row = conn.execute(f"SELECT value FROM {schema_table} WHERE name = 'version'").fetchone()
+    if row is None:
+        return None
+    try:
+        return int(row[0])
+    except ValueError:
+        raise StoreSchemaError(
+            f"table {schema_table!r} holds a schema version that is not a number: {row[0]!r}"
+        ) from None
+
+
+def _table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return row is not None
+
+
+def _corrupt(memory_id: Hashable, seq: object, reason: str, table: str) -> CorruptMessageError:
+    return CorruptMessageError(
+        memory_id,
+        seq,
+        reason,
+        hint=(
+            f"repair or delete the row with memory_key = {store_key(memory_id)!r} and "
+            f"seq = {seq} in table {table!r} (or {table}_history)"
+        ),
+    )

@@ -1,0 +1,419 @@
+"""SqliteChatMemoryStore beyond the contract: schema, corrupt rows, locking, connections."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from aiservices.messages import (
+    AiMessage,
+    ChatMessage,
+    SystemMessage,
+    UserMessage,
+    message_to_json,
+    new_message_id,
+)
+from aiservices.stores import (
+    ChatHistoryStore,
+    CorruptMessageError,
+    IncrementalChatMemoryStore,
+    SqliteChatMemoryStore,
+    StoreSchemaError,
+)
+from aiservices.stores._common import MessageCache
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage(text, message_id=new_message_id())
+
+
+def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
+    return [getattr(m, "text", None) for m in messages]
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "chat.db"
+
+
+@pytest.fixture
+def store(path: Path) -> Iterator[SqliteChatMemoryStore]:
+    with SqliteChatMemoryStore(path) as store:
+        yield store
+
+
+@pytest.fixture
+def raw(path: Path, store: SqliteChatMemoryStore) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    yield conn
+    conn.close()
+
+
+def test_it_is_an_incremental_history_store_that_blocks(store: SqliteChatMemoryStore) -> None:
+    assert isinstance(store, IncrementalChatMemoryStore)
+    assert isinstance(store, ChatHistoryStore)
+    assert store.is_blocking is True
+    assert "chat.db" in repr(store)
+
+
+# -- schema ----------------------------------------------------------------------------------
+
+
+def test_the_file_is_in_wal_mode_with_a_versioned_schema(raw: sqlite3.Connection) -> None:
+    assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert raw.execute("SELECT value FROM chat_messages_schema WHERE name = 'version'").fetchone()
+    tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
+    assert {"chat_messages", "chat_messages_history", "chat_messages_schema"} <= tables
+
+
+def test_reads_and_removals_use_an_index(raw: sqlite3.Connection) -> None:
+    read = raw.execute(
+        "EXPLAIN QUERY PLAN SELECT seq, message FROM chat_messages WHERE memory_key = ? "
+        "ORDER BY seq",
+        ("x",),
+    ).fetchall()
+    assert "USING PRIMARY KEY (memory_key=?)" in str(read)
+    assert "TEMP B-TREE" not in str(read)
+    remove = raw.execute(
+        "EXPLAIN QUERY PLAN DELETE FROM chat_messages WHERE memory_key = ? AND message_id = ?",
+        ("x", "y"),
+    ).fetchall()
+    assert "chat_messages_message_id (memory_key=? AND message_id=?)" in str(remove)
+
+
+def test_rows_carry_their_metadata_in_columns(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection
+) -> None:
+    message = UserMessage("hi", message_id="m1", turn_id="t1")
+    store.apply_changes(("k", 1), appended=[message], removed=[])
+    row = raw.execute(
+        "SELECT memory_key, seq, message_id, turn_id, created_at, message FROM chat_messages"
+    ).fetchone()
+    assert row[0] == "tuple:('k', 1)"
+    assert row[2:5] == ("m1", "t1", None)
+    assert '"text":"hi"' in row[5]
+
+
+def test_a_newer_schema_is_refused_with_a_clear_error(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection, path: Path
+) -> None:
+    raw.execute("UPDATE chat_messages_schema SET value = '99' WHERE name = 'version'")
+    with pytest.raises(StoreSchemaError, match=r"schema version 99, newer .*upgrade aiservices"):
+        SqliteChatMemoryStore(path)
+
+
+def test_a_table_it_did_not_make_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE chat_messages (id INTEGER)")
+    conn.close()
+    with pytest.raises(StoreSchemaError, match=r"not made by aiservices; pass another table="):
+        SqliteChatMemoryStore(path)
+    with SqliteChatMemoryStore(path, table="my_chats") as store:
+        store.update_messages("a", [user("fine")])
+        assert texts(store.get_messages("a")) == ["fine"]
+
+
+def test_two_tables_in_one_file_are_independent(path: Path) -> None:
+    with (
+        SqliteChatMemoryStore(path, table="one") as one,
+        SqliteChatMemoryStore(path, table="two") as two,
+    ):
+        one.update_messages("a", [user("in one")])
+        two.update_messages("a", [user("in two")])
+        assert texts(one.get_messages("a")) == ["in one"]
+        assert texts(two.get_messages("a")) == ["in two"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"path": ":memory:"}, "needs a file path.*InMemoryChatMemoryStore"),
+        ({"path": ""}, "needs a file path"),
+        ({"table": "chat messages"}, "plain SQL identifier"),
+        ({"table": "x; DROP TABLE y"}, "plain SQL identifier"),
+        ({"timeout": -1}, "timeout must be >= 0"),
+        ({"synchronous": "SOMETIMES"}, "synchronous must be one of"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(
+    tmp_path: Path, kwargs: dict[str, object], message: str
+) -> None:
+    options: dict[str, object] = {"path": tmp_path / "x.db", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        SqliteChatMemoryStore(**options)
+
+
+def test_synchronous_is_applied(path: Path) -> None:
+    with SqliteChatMemoryStore(path, synchronous="FULL") as store:
+        assert store._connection().execute("PRAGMA synchronous").fetchone() == (2,)
+
+
+# -- writes only what changed ---------------------------------------------------------------
+
+
+@pytest.fixture
+def row_writes(raw: sqlite3.Connection) -> Callable[[], int]:
+    """How many rows any connection has inserted into or deleted from the window table."""
+    raw.executescript(
+        """
+        CREATE TABLE writes (n INTEGER NOT NULL);
+        INSERT INTO writes VALUES (0);
+        CREATE TRIGGER count_inserts AFTER INSERT ON chat_messages
+            BEGIN UPDATE writes SET n = n + 1; END;
+        CREATE TRIGGER count_deletes AFTER DELETE ON chat_messages
+            BEGIN UPDATE writes SET n = n + 1; END;
+        """
+    )
+    return lambda: int(raw.execute("SELECT n FROM writes").fetchone()[0])
+
+
+def test_a_turn_writes_only_its_rows_whatever_the_window(
+    store: SqliteChatMemoryStore, row_writes: Callable[[], int]
+) -> None:
+    window = [user(str(i)) for i in range(1000)]
+    store.update_messages("c", window)
+    before = row_writes()
+    new = [user("q"), AiMessage("a", message_id=new_message_id())]
+    store.apply_changes("c", appended=new, removed=[window[0].message_id, window[1].message_id])
+    assert row_writes() - before == 4
+
+
+def test_update_messages_writes_the_difference(
+    store: SqliteChatMemoryStore, row_writes: Callable[[], int]
+) -> None:
+    sys = SystemMessage("pinned", message_id=new_message_id())
+    window: list[ChatMessage] = [sys, *(user(str(i)) for i in range(500))]
+    store.update_messages("c", window)
+    before = row_writes()
+    window = [sys, *window[3:], user("new 1"), user("new 2")]
+    store.update_messages("c", window)
+    assert row_writes() - before == 2 + 2
+    before = row_writes()
+    store.update_messages("c", window)
+    assert row_writes() == before
+    window = [window[1], window[0], *window[2:]]
+    store.update_messages("c", window)  # the order changes: the window is written again
+    assert texts(store.get_messages("c"))[:2] == ["2", "pinned"]
+
+
+def test_a_rewrite_keeps_each_message_once_in_history(path: Path) -> None:
+    with SqliteChatMemoryStore(path, keep_history=True) as store:
+        a, b, c = user("a"), user("b"), user("c")
+        store.update_messages("x", [a, b, c])
+        store.update_messages("x", [SystemMessage("first", message_id="s"), c, b])
+        history = [(getattr(e.message, "text", None), e.evicted) for e in store.get_history("x")]
+        assert history == [("a", True), ("first", False), ("c", False), ("b", False)]
+
+
+def test_history_written_earlier_is_read_without_keep_history(path: Path) -> None:
+    a, b = user("a"), user("b")
+    with SqliteChatMemoryStore(path, keep_history=True) as keeping:
+        keeping.apply_changes("x", appended=[a, b], removed=[])
+        keeping.apply_changes("x", appended=[], removed=[a.message_id])
+    with SqliteChatMemoryStore(path) as plain:
+        plain.apply_changes("x", appended=[], removed=[b.message_id])
+        assert [e.message for e in plain.get_history("x")] == [a]
+        plain.forget("x")
+        assert plain.get_history("x") == []
+
+
+# -- corrupt rows ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param('{"type": "user", "text": ', id="truncated"),
+        pytest.param('{"type": "robot", "text": "beep"}', id="unknown-type"),
+        pytest.param('{"type": "user", "text": 5}', id="wrong-field-type"),
+        pytest.param("", id="empty"),
+        pytest.param('{"type":"user","text":"a"},{"type":"user","text":"b"}', id="two-in-one"),
+        pytest.param(b'\xff{"type":"user"}', id="blob"),
+        pytest.param(42, id="number"),
+    ],
+)
+def test_a_corrupt_row_is_reported_with_the_memory_id_and_row(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection, bad: object
+) -> None:
+    store.update_messages("alice", [user("one"), user("two"), user("three")])
+    store.update_messages("bob", [user("fine")])
+    (seq,) = raw.execute(
+        "SELECT seq FROM chat_messages WHERE memory_key = 'alice' ORDER BY seq LIMIT 1 OFFSET 1"
+    ).fetchone()
+    raw.execute(
+        "UPDATE chat_messages SET message = ? WHERE memory_key = 'alice' AND seq = ?", (bad, seq)
+    )
+    with pytest.raises(CorruptMessageError) as caught:
+        store.get_messages("alice")
+    error = caught.value
+    assert isinstance(error, ValueError)
+    assert error.memory_id == "alice"
+    assert error.row == seq
+    assert "'alice'" in str(error)
+    assert f"seq = {seq}" in str(error)
+    with pytest.raises(CorruptMessageError):
+        store.get_history("alice")
+    assert texts(store.get_messages("bob")) == ["fine"]
+    # Writes still work, so the bad row can be removed through the store.
+    store.delete_messages("alice")
+    assert store.get_messages("alice") == []
+
+
+def test_a_corrupt_eviction_mark_is_reported(path: Path) -> None:
+    with SqliteChatMemoryStore(path, keep_history=True) as store:
+        a = user("a")
+        store.apply_changes("x", appended=[a, user("b")], removed=[])
+        store.apply_changes("x", appended=[], removed=[a.message_id])
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE chat_messages_history SET evicted_at = 'yesterday'")
+        conn.close()
+        with pytest.raises(CorruptMessageError, match="evicted_at 'yesterday'"):
+            store.get_history("x")
+
+
+# -- parsed messages are cached by their text --------------------------------------------------
+
+
+def test_a_window_read_again_is_not_parsed_again(store: SqliteChatMemoryStore) -> None:
+    store.update_messages("c", [user("a"), user("b")])
+    first, second = store.get_messages("c"), store.get_messages("c")
+    assert first == second
+    assert all(x is y for x, y in zip(first, second, strict=True))
+
+
+def test_rows_another_writer_changed_are_read_fresh(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection
+) -> None:
+    a = user("a")
+    store.update_messages("c", [a])
+    assert texts(store.get_messages("c")) == ["a"]
+    changed = UserMessage("changed", message_id=a.message_id, turn_id="t")
+    raw.execute("UPDATE chat_messages SET message = ?", (message_to_json(changed),))
+    assert [m.model_dump() for m in store.get_messages("c")] == [changed.model_dump()]
+
+
+def test_the_cache_stays_bounded_and_right() -> None:
+    cache = MessageCache(max_entries=4, max_chars=10_000)
+    messages = [user(f"m{i}") for i in range(20)]
+    json_texts = [message_to_json(m) for m in messages]
+
+    def corrupt(i: int, why: str) -> Exception:
+        return ValueError(i, why)
+
+    for _ in range(2):
+        for start in range(0, 20, 3):
+            got = cache.parse(json_texts[start : start + 3], corrupt)
+            assert got == messages[start : start + 3]
+            assert len(cache._young) + len(cache._old) <= 8
+    small = MessageCache(max_entries=1_000, max_chars=len(json_texts[0]) * 2)
+    small.parse(json_texts, corrupt)
+    assert len(small._young) + len(small._old) <= 4
+    with pytest.raises(ValueError, match="invalid chat message") as caught:
+        cache.parse([json_texts[0], "{}", json_texts[1]], corrupt)
+    assert caught.value.args[0] == 1
+
+
+# -- locking and connections -----------------------------------------------------------------------
+
+
+def test_readers_do_not_wait_for_a_writer(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection
+) -> None:
+    store.update_messages("c", [user("committed")])
+    raw.execute("BEGIN IMMEDIATE")
+    raw.execute("DELETE FROM chat_messages")
+    assert texts(store.get_messages("c")) == ["committed"]
+    raw.execute("ROLLBACK")
+
+
+def test_a_writer_waits_its_timeout_then_raises_sqlites_error(path: Path) -> None:
+    with SqliteChatMemoryStore(path, timeout=0.05) as store:
+        store.update_messages("c", [user("kept")])
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                store.apply_changes("c", appended=[user("lost?")], removed=[])
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert texts(store.get_messages("c")) == ["kept"]
+        store.apply_changes("c", appended=[user("now")], removed=[])
+        assert texts(store.get_messages("c")) == ["kept", "now"]
+
+
+def test_a_failed_write_changes_nothing(store: SqliteChatMemoryStore) -> None:
+    a = user("a")
+    store.update_messages("c", [a, user("b")])
+    with pytest.raises(ValueError, match="appears twice"):
+        store.apply_changes("c", appended=[user("c"), a], removed=[])
+    assert texts(store.get_messages("c")) == ["a", "b"]
+
+
+def test_each_thread_has_its_own_connection_closed_when_the_thread_ends(
+    store: SqliteChatMemoryStore,
+) -> None:
+    store.update_messages("c", [user("x")])
+    seen: list[sqlite3.Connection] = []
+
+    def read() -> None:
+        store.get_messages("c")
+        seen.append(store._connection())
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(c) for c in seen}) == 3
+    assert store._connection() not in seen
+    del threads
+    gc.collect()
+    for conn in seen:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            conn.execute("SELECT 1")
+
+
+def test_close_closes_every_connection(path: Path) -> None:
+    store = SqliteChatMemoryStore(path)
+    worker_conn: list[sqlite3.Connection] = []
+    barrier = threading.Barrier(2)
+
+    def hold() -> None:
+        worker_conn.append(store._connection())
+        barrier.wait()
+        barrier.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    barrier.wait()
+    store.close()
+    barrier.wait()
+    thread.join()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        worker_conn[0].execute("SELECT 1")
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        store.get_messages("c")
+
+
+def _use_inherited_store(store: SqliteChatMemoryStore) -> None:
+    store.apply_changes("c", appended=[user("from the child")], removed=[])
+
+
+def test_a_store_used_before_fork_works_in_the_child(store: SqliteChatMemoryStore) -> None:
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("this platform cannot fork")
+    store.apply_changes("c", appended=[user("from the parent")], removed=[])
+    child = multiprocessing.get_context("fork").Process(target=_use_inherited_store, args=(store,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    store.apply_changes("c", appended=[user("parent again")], removed=[])
+    assert texts(store.get_messages("c")) == ["from the parent", "from the child", "parent again"]
