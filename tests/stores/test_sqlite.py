@@ -95,7 +95,7 @@ def test_rows_carry_their_metadata_in_columns(
     row = raw.execute(
         "SELECT memory_key, seq, message_id, turn_id, created_at, message FROM chat_messages"
     ).fetchone()
-    assert row[0] == "tuple:('k', 1)"
+    assert row[0] == "\x1ftuple:('k', 1)"
     assert row[2:5] == ("m1", "t1", None)
     assert '"text":"hi"' in row[5]
 
