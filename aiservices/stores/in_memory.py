@@ -45,14 +45,14 @@ class InMemoryChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         with self._lock:
             conversation = self._conversations.get(key)
             return [] if conversation is None else conversation.messages[conversation.start :]
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the stored conversation equal to ``messages``."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         stored = with_message_ids(messages)
         check_unique_ids(stored)
         with self._lock:
@@ -69,7 +69,7 @@ class InMemoryChatMemoryStore:
         removed: Collection[str],
     ) -> None:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         new_ids = [m.message_id for m in appended]
         if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
             check_appended(appended)  # raises, saying which message is wrong
@@ -96,7 +96,7 @@ class InMemoryChatMemoryStore:
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Delete the conversation; a no-op for an unknown id."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         with self._lock:
             self._conversations.pop(key, None)
 

@@ -263,7 +263,7 @@ class SqliteChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The messages in the window, oldest first; ``[]`` for an unknown id."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         rows = self._connection().execute(self._sql.read, (key,)).fetchall()
         return self._parse(memory_id, rows) if rows else []
 
@@ -276,7 +276,7 @@ class SqliteChatMemoryStore:
     ) -> None:
         """In one transaction, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         new_ids = [m.message_id for m in appended]
         if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
             check_appended(appended)  # raises, saying which message is wrong
@@ -295,7 +295,7 @@ class SqliteChatMemoryStore:
         ``keep_history``) and new ones appended. If the messages kept would change order, or
         a new one goes before one kept, the window's rows are written again.
         """
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         new = with_message_ids(messages)
         check_unique_ids(new)
         texts = [message_to_json(m) for m in new]
@@ -320,7 +320,7 @@ class SqliteChatMemoryStore:
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Empty the window; with ``keep_history`` its messages stay in history, evicted."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         conn = self._connection()
         sql = self._sql
         with self._shared.write_lock, conn:
@@ -338,7 +338,7 @@ class SqliteChatMemoryStore:
         Without ``keep_history`` evicted messages are deleted, so only the window and any
         history written earlier by a store with ``keep_history`` remain.
         """
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         rows = self._connection().execute(self._sql.read_history, (key, key)).fetchall()
         if not rows:
             return []
@@ -356,7 +356,7 @@ class SqliteChatMemoryStore:
 
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation's window and history."""
-        key = memory_id if type(memory_id) is str else store_key(memory_id)
+        key = store_key(memory_id)
         conn = self._connection()
         sql = self._sql
         with self._shared.write_lock, conn:
