@@ -22,7 +22,9 @@ class TurnLock:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._held = False
-        self._waiters: deque[threading.Event | tuple[asyncio.Future[None], asyncio.AbstractEventLoop]] = deque()
+        self._waiters: deque[
+            threading.Event | tuple[asyncio.Future[None], asyncio.AbstractEventLoop]
+        ] = deque()
 
     @property
     def locked(self) -> bool:

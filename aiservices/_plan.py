@@ -94,9 +94,7 @@ def _is_hashable_type(annotation: Any) -> bool:
     origin = get_origin(base)
     if origin is Union or origin is types.UnionType:
         return all(_is_hashable_type(a) for a in get_args(base) if a is not type(None))
-    if origin in (list, dict, set) or base in (list, dict, set, bytearray):
-        return False
-    return True
+    return not (origin in (list, dict, set) or base in (list, dict, set, bytearray))
 
 
 def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] | str:
@@ -146,9 +144,14 @@ def plan_method(
         return None
     signature = inspect.signature(function)
     params = list(signature.parameters.values())
-    if not params or params[0].name not in ("self",) or params[0].kind not in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    if (
+        not params
+        or params[0].name not in ("self",)
+        or params[0].kind
+        not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        )
     ):
         problems.append(_problem(where, "an interface method takes `self` first"))
         return None
@@ -164,8 +167,11 @@ def plan_method(
         pwhere = f"{qualname}({param.name})"
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             problems.append(
-                _problem(pwhere, "*args and **kwargs cannot become prompt variables; "
-                         "declare each parameter by name")
+                _problem(
+                    pwhere,
+                    "*args and **kwargs cannot become prompt variables; "
+                    "declare each parameter by name",
+                )
             )
             continue
         annotation = hints.get(param.name, Any)
@@ -176,16 +182,21 @@ def plan_method(
         if is_memory:
             if memory_index is not None:
                 problems.append(
-                    _problem(pwhere, f"a second MemoryId parameter (the first is "
-                             f"`{names[memory_index]}`); mark only one")
+                    _problem(
+                        pwhere,
+                        f"a second MemoryId parameter (the first is "
+                        f"`{names[memory_index]}`); mark only one",
+                    )
                 )
             else:
                 memory_index = index
                 memory_optional = _admits_none(annotation)
                 if not _is_hashable_type(annotation):
                     problems.append(
-                        _problem(pwhere, "a MemoryId must be hashable (str, int, UUID...), "
-                                 f"not {annotation!r}")
+                        _problem(
+                            pwhere,
+                            f"a MemoryId must be hashable (str, int, UUID...), not {annotation!r}",
+                        )
                     )
         if is_user_name:
             if user_name_index is not None:
@@ -197,16 +208,21 @@ def plan_method(
         variable = aliases[0] if aliases else param.name
         if variable in seen_aliases:
             problems.append(
-                _problem(pwhere, f"template variable `{variable}` is already the name of "
-                         f"`{seen_aliases[variable]}`; choose another V(...) alias")
+                _problem(
+                    pwhere,
+                    f"template variable `{variable}` is already the name of "
+                    f"`{seen_aliases[variable]}`; choose another V(...) alias",
+                )
             )
         seen_aliases[variable] = param.name
         variables.append((variable, index))
     if memory_index is not None and not has_memory_provider:
         problems.append(
-            _problem(f"{qualname}({names[memory_index]})",
-                     "a MemoryId parameter needs a chat_memory_provider: pass "
-                     "chat_memory_provider=MessageWindowChatMemory.provider(...) to ai_service")
+            _problem(
+                f"{qualname}({names[memory_index]})",
+                "a MemoryId parameter needs a chat_memory_provider: pass "
+                "chat_memory_provider=MessageWindowChatMemory.provider(...) to ai_service",
+            )
         )
     if len(params) == 1 and "it" not in seen_aliases:
         variables.append(("it", 0))
@@ -230,14 +246,20 @@ def plan_method(
             user_message_index = candidates[0]
         elif not candidates:
             problems.append(
-                _problem(where, "there is no user message: add @user_message(\"...\") or a "
-                         "parameter that no template uses (it becomes the user message)")
+                _problem(
+                    where,
+                    'there is no user message: add @user_message("...") or a '
+                    "parameter that no template uses (it becomes the user message)",
+                )
             )
         else:
             listed = ", ".join(f"`{names[i]}`" for i in candidates)
             problems.append(
-                _problem(where, f"the user message is ambiguous: {listed} are all unused by "
-                         "templates; add @user_message(\"...\") that uses them")
+                _problem(
+                    where,
+                    f"the user message is ambiguous: {listed} are all unused by "
+                    'templates; add @user_message("...") that uses them',
+                )
             )
 
     is_async = inspect.iscoroutinefunction(function)
@@ -249,8 +271,11 @@ def plan_method(
     kind_or_problem = _return_kind(hints["return"], is_async)
     if isinstance(kind_or_problem, str):
         problems.append(
-            _problem(where, f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` or "
-                     f"`async def m(...) -> AsyncIterator[str]`, not {hints['return']!r}")
+            _problem(
+                where,
+                f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` or "
+                f"`async def m(...) -> AsyncIterator[str]`, not {hints['return']!r}",
+            )
         )
         return None
     kind, inner, wraps = kind_or_problem
@@ -296,8 +321,9 @@ def _template(
         listed = ", ".join(f"{{{{{n}}}}}" for n in unknown)
         choices = ", ".join(sorted(known | BUILTIN_VARIABLES))
         problems.append(
-            _problem(where, f"{decorator} uses {listed}, which is not a parameter; "
-                     f"known: {choices}")
+            _problem(
+                where, f"{decorator} uses {listed}, which is not a parameter; known: {choices}"
+            )
         )
     return template
 
@@ -340,5 +366,3 @@ def plan_interface(
     if problems:
         raise InterfaceError(problems)
     return plans
-
-

@@ -249,9 +249,7 @@ def _feedback(error: ValueError) -> UserMessage:
     return UserMessage(str(error))
 
 
-def _turn(
-    state: ServiceState, call: _Call
-) -> Generator[tuple[int, Any], Any, Any]:
+def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, Any]:
     """One turn; yields (operation, argument) pairs to its driver and returns the answer."""
     plan = call.plan
     output = plan.output
@@ -368,7 +366,7 @@ def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
     return plan.output.parse("\n".join(r.result for r in results))
 
 
-def _finish(
+def _finish(  # noqa: PLR0917 - private, called from two places in the turn
     state: ServiceState,
     call: _Call,
     value: Any,
@@ -382,15 +380,17 @@ def _finish(
     info = call.info
     result: Result[Any] | None = None
     if plan.wraps_result or info is not None:
-        result = Result(
-            value, usage, response.finish_reason, tuple(executions), call.memory_id, ai
-        )
+        result = Result(value, usage, response.finish_reason, tuple(executions), call.memory_id, ai)
         if info is not None and state.hooks is not None:
             emit(state.hooks.on_call_end, info, result)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "%s memory_id=%r tool_rounds=%d tool_executions=%d token_usage=%s finish=%s",
-            plan.qualname, call.memory_id, tool_rounds, len(executions), usage,
+            plan.qualname,
+            call.memory_id,
+            tool_rounds,
+            len(executions),
+            usage,
             response.finish_reason,
         )
     return result if plan.wraps_result else value
@@ -402,7 +402,9 @@ def failed(state: ServiceState, call: _Call, error: BaseException) -> None:
         emit(state.hooks.on_error, call.info, error)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
-            "%s memory_id=%r failed: %s", call.plan.qualname, call.memory_id,
+            "%s memory_id=%r failed: %s",
+            call.plan.qualname,
+            call.memory_id,
             type(error).__name__,
         )
 
@@ -509,4 +511,3 @@ async def _amemory(memory: ChatMemory, name: str, blocking: Callable[..., Any], 
     if native is not None:
         return await native(*args)
     return await asyncio.to_thread(blocking, *args)
-

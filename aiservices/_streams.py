@@ -233,4 +233,3 @@ async def _achunks(
     finally:
         if conversation is not None:
             state.done(conversation)
-

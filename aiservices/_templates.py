@@ -51,7 +51,7 @@ class Template:
 
     @classmethod
     def parse(cls, source: str) -> Template:
-        """Split ``source`` at its ``{{name}}`` placeholders; a malformed one is a ``ValueError``."""
+        """Split ``source`` at its ``{{name}}`` placeholders; malformed ones are ``ValueError``."""
         literals: list[str] = []
         names: list[str] = []
         position = 0
@@ -87,4 +87,6 @@ class Template:
 
     def unknown(self, known: Sequence[str] | frozenset[str]) -> list[str]:
         """Names the template uses that are neither in ``known`` nor built in."""
-        return [n for n in dict.fromkeys(self.names) if n not in known and n not in BUILTIN_VARIABLES]
+        return [
+            n for n in dict.fromkeys(self.names) if n not in known and n not in BUILTIN_VARIABLES
+        ]

@@ -16,18 +16,21 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Protocol, TextIO
 
+from .markers import MemoryId
 from .memory import MessageWindowChatMemory
 from .messages import AiMessage, UserMessage
 from .models import ChatModel, ChatRequest, ChatResponse
 from .prompts import system_message
 from .service import ChatMemoryAccess, ai_service
-from .markers import MemoryId
 
 __all__ = ["OfflineRecallModel", "main"]
 
 _FACT = re.compile(r"\b(?:my name is|i am|i'm|call me|i like|i love|i live in)\s+(.+)", re.I)
-_QUESTION = re.compile(r"\b(what is my name|who am i|what do i (?:like|love)|where do i live|"
-                       r"what did i (?:say|tell you))\b", re.I)
+_QUESTION = re.compile(
+    r"\b(what is my name|who am i|what do i (?:like|love)|where do i live|"
+    r"what did i (?:say|tell you))\b",
+    re.I,
+)
 
 
 class OfflineRecallModel:
@@ -50,8 +53,10 @@ class OfflineRecallModel:
         elif _FACT.search(question):
             text = "Noted, I will remember that."
         else:
-            text = (f"(offline model) I heard you. We have exchanged {len(said)} message(s); "
-                    "tell me your name, then ask me who you are.")
+            text = (
+                f"(offline model) I heard you. We have exchanged {len(said)} message(s); "
+                "tell me your name, then ask me who you are."
+            )
         return ChatResponse(AiMessage(text))
 
 
@@ -70,8 +75,9 @@ def _pick_model(choice: str | None) -> tuple[ChatModel | str, str]:
     return OfflineRecallModel(), "OFFLINE demo model (set OPENAI_API_KEY or ANTHROPIC_API_KEY)"
 
 
-def main(argv: Sequence[str] | None = None, *, stdin: TextIO | None = None,
-         stdout: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, stdin: TextIO | None = None, stdout: TextIO | None = None
+) -> int:
     """Run the chatbot until ``/quit`` or the end of input."""
     parser = argparse.ArgumentParser(prog="python -m aiservices.demo", description=__doc__)
     parser.add_argument("--user", default="guest", help="who is talking (one memory each)")

@@ -2,8 +2,11 @@
 
 ```python
 class Timing:
-    def on_request(self, call, request): call.attributes["t"] = time.perf_counter()
-    def on_response(self, call, request, response): print(time.perf_counter() - call.attributes["t"])
+    def on_request(self, call, request):
+        call.attributes["t"] = time.perf_counter()
+
+    def on_response(self, call, request, response):
+        print(time.perf_counter() - call.attributes["t"])
 
 bot = ai_service(Assistant, model=..., listeners=[Timing()])
 ```

@@ -18,9 +18,7 @@ def _join(template: str | list[str] | tuple[str, ...], decorator: str) -> str:
         return template
     if isinstance(template, (list, tuple)) and all(isinstance(t, str) for t in template):
         return "\n".join(template)
-    raise TypeError(
-        f"@{decorator} takes a template string (or a list of lines), not {template!r}"
-    )
+    raise TypeError(f"@{decorator} takes a template string (or a list of lines), not {template!r}")
 
 
 def system_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T], _T]:

@@ -113,8 +113,12 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         ):
             pieces.append("/")
     arguments = "".join(f"{n}, " for n in names)
-    runner = {"sync": "run_sync", "async": "run_async", "stream": "stream_sync",
-              "astream": "stream_async"}[plan.kind]
+    runner = {
+        "sync": "run_sync",
+        "async": "run_async",
+        "stream": "stream_sync",
+        "astream": "stream_async",
+    }[plan.kind]
     prefix = "async " if plan.is_coroutine else ""
     call = "await " if plan.kind == "async" else ""
     source = (
@@ -122,8 +126,11 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
     )
     namespace: dict[str, Any] = {
-        "run_sync": run_sync, "run_async": run_async, "stream_sync": stream_sync,
-        "stream_async": stream_async, "_plan": plan,
+        "run_sync": run_sync,
+        "run_async": run_async,
+        "stream_sync": stream_sync,
+        "stream_async": stream_async,
+        "_plan": plan,
     }
     namespace.update(defaults)
     exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
@@ -144,7 +151,7 @@ def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
             )
         if importlib.util.find_spec(_PROVIDERS[provider]) is None:
             raise InterfaceError(
-                f"model={model!r} needs the {provider} SDK: pip install \"aiservices[{provider}]\""
+                f'model={model!r} needs the {provider} SDK: pip install "aiservices[{provider}]"'
             )
         return None, model
     if not callable(getattr(model, "chat", None)):

@@ -30,9 +30,7 @@ from .models import ChatRequest, ChatResponse, TokenUsage
 
 __all__ = ["Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
 
-Reply: TypeAlias = (
-    "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply]"
-)
+Reply: TypeAlias = "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply]"
 """A scripted answer: text, a message, a whole response, an error to raise, or a function
 of the request that returns one of those."""
 

@@ -133,8 +133,8 @@ def ours() -> dict[str, Callable[[int], Any]]:
 
 def magentic_scenarios() -> dict[str, Callable[[int], Any]] | None:
     try:
-        from magentic import AssistantMessage, Chat as MChat, FunctionCall, UserMessage
-        from magentic import prompt
+        from magentic import AssistantMessage, FunctionCall, UserMessage, prompt
+        from magentic import Chat as MChat
         from magentic.chat_model.base import ChatModel as MChatModel
     except ImportError:
         return None
@@ -143,12 +143,24 @@ def magentic_scenarios() -> dict[str, Callable[[int], Any]] | None:
         def __init__(self, answer: Callable[[list[Any], Any], Any]) -> None:
             self.answer = answer
 
-        def complete(self, messages: Any, functions: Any = None, output_types: Any = None,
-                     *, stop: Any = None) -> Any:
+        def complete(
+            self,
+            messages: Any,
+            functions: Any = None,
+            output_types: Any = None,
+            *,
+            stop: Any = None,
+        ) -> Any:
             return AssistantMessage(self.answer(list(messages), output_types))
 
-        async def acomplete(self, messages: Any, functions: Any = None,
-                            output_types: Any = None, *, stop: Any = None) -> Any:
+        async def acomplete(
+            self,
+            messages: Any,
+            functions: Any = None,
+            output_types: Any = None,
+            *,
+            stop: Any = None,
+        ) -> Any:
             return self.complete(messages, functions, output_types, stop=stop)
 
     hello = Instant(lambda m, t: "Hello!")
@@ -189,8 +201,12 @@ def magentic_scenarios() -> dict[str, Callable[[int], Any]] | None:
     tool_model = Instant(tool_answer)
 
     def s4(i: int) -> Any:
-        chat = MChat([UserMessage("What is 2 + 3?")], functions=[add_numbers],
-                     output_types=[str, FunctionCall], model=tool_model).submit()
+        chat = MChat(
+            [UserMessage("What is 2 + 3?")],
+            functions=[add_numbers],
+            output_types=[str, FunctionCall],
+            model=tool_model,
+        ).submit()
         call = chat.last_message.content
         chat = chat.exec_function_call().submit() if isinstance(call, FunctionCall) else chat
         return chat.last_message.content
@@ -306,11 +322,15 @@ def main() -> None:
         results[name] = {}
         for scenario, call in scenarios.items():
             calls = n if name in ("aiservices", "magentic") else max(200, n // 10)
-            best = min((measure(call, calls) for _ in range(ROUNDS if calls == n else 2)),
-                       key=lambda r: r[0])
+            best = min(
+                (measure(call, calls) for _ in range(ROUNDS if calls == n else 2)),
+                key=lambda r: r[0],
+            )
             results[name][scenario] = best
     mine = results["aiservices"]
-    print(f"\n{'scenario':<8} {'library':<15} {'median us':>10} {'p90 us':>10} {'ours / theirs':>14}")
+    print(
+        f"\n{'scenario':<8} {'library':<15} {'median us':>10} {'p90 us':>10} {'ours / theirs':>14}"
+    )
     for scenario in ("S1", "S2", "S3", "S4"):
         for name, table in results.items():
             if scenario not in table:

@@ -12,7 +12,11 @@ def run_demo(db: Path, *lines: str, user: str = "alice") -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "aiservices.demo", "--db", str(db), "--user", user],
-        input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60, env=env,
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
         check=True,
     )
     return done.stdout
@@ -28,8 +32,16 @@ def test_demo_is_offline_and_remembers_across_restarts(tmp_path: Path) -> None:
 
 def test_demo_commands(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
-    out = run_demo(db, "I like tea", "/history", "/user bob", "who am I?", "/user alice",
-                   "/forget", "who am I?")
+    out = run_demo(
+        db,
+        "I like tea",
+        "/history",
+        "/user bob",
+        "who am I?",
+        "/user alice",
+        "/forget",
+        "who am I?",
+    )
     assert "[user] I like tea" in out
     assert "(now talking as bob)" in out
     assert "I know nothing about you yet" in out

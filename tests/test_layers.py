@@ -29,7 +29,9 @@ def module_name(path: Path) -> str:
 def top_level_imports(path: Path) -> set[str]:
     """Modules imported when ``path`` is imported (not those imported inside functions)."""
     tree = ast.parse(path.read_text())
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    package = (
+        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    )
     found: set[str] = set()
     nodes: list[ast.stmt] = list(tree.body)
     while nodes:
@@ -56,8 +58,7 @@ def top_level_imports(path: Path) -> set[str]:
 
 def sources() -> dict[str, set[str]]:
     return {
-        str(path.relative_to(PACKAGE)): top_level_imports(path)
-        for path in PACKAGE.rglob("*.py")
+        str(path.relative_to(PACKAGE)): top_level_imports(path) for path in PACKAGE.rglob("*.py")
     }
 
 
@@ -72,8 +73,15 @@ def test_sdks_and_drivers_are_imported_only_in_their_own_module() -> None:
 
 
 def test_bottom_layers_import_nothing_above_them() -> None:
-    above = {"aiservices.service", "aiservices._runner", "aiservices._plan", "aiservices.tools",
-             "aiservices._toolbox", "aiservices._output", "aiservices.prompts"}
+    above = {
+        "aiservices.service",
+        "aiservices._runner",
+        "aiservices._plan",
+        "aiservices.tools",
+        "aiservices._toolbox",
+        "aiservices._output",
+        "aiservices.prompts",
+    }
     for relative, imports in sources().items():
         top = relative.split("/")[0]
         if top in {"errors.py", "markers.py", "messages.py", "memory", "stores", "models"}:

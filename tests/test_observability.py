@@ -51,7 +51,10 @@ class Recorder:
 
 def make(model: ScriptedChatModel, *listeners: object) -> Bot:
     return ai_service(
-        Bot, model=model, tools=[shout], listeners=listeners,
+        Bot,
+        model=model,
+        tools=[shout],
+        listeners=listeners,
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
     )
 

@@ -38,15 +38,18 @@ def make(model: ScriptedChatModel, exporter: InMemorySpanExporter) -> Bot:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return ai_service(
-        Bot, model=model, tools=[double],
+        Bot,
+        model=model,
+        tools=[double],
         listeners=[OpenTelemetryListener(tracer_provider=provider)],
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
 
 
 def test_spans_follow_the_genai_conventions(exporter: InMemorySpanExporter) -> None:
-    model = ScriptedChatModel(tool_call("double", n=21), "42", usage=TokenUsage(10, 5),
-                              model_name="gpt-test")
+    model = ScriptedChatModel(
+        tool_call("double", n=21), "42", usage=TokenUsage(10, 5), model_name="gpt-test"
+    )
     make(model, exporter).chat("ann", "double 21")
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert set(spans) == {"invoke_agent Bot.chat", "chat gpt-test", "execute_tool double"}

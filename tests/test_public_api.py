@@ -10,15 +10,47 @@ import aiservices.errors
 import aiservices.messages
 
 EXPECTED = {
-    "AiMessage", "AiServiceError", "AsyncTextStream", "TextStream", "ChatMemory", "ChatMemoryAccess", "ChatMemoryProvider",
-    "ChatMemoryStore", "ChatMessage", "ChatModel", "ChatRequest", "ChatRequestParameters",
-    "ChatResponse", "InMemoryChatMemoryStore", "InterfaceError", "MemoryId",
-    "MessageWindowChatMemory", "OutputParseError", "PostgresChatMemoryStore",
-    "RedisChatMemoryStore", "ResponseFormat", "Result", "SqliteChatMemoryStore",
-    "SystemMessage", "TokenCountEstimator", "TokenUsage", "TokenWindowChatMemory",
-    "ToolExecution", "ToolExecutionRequest", "ToolExecutionResultMessage", "ToolLimitError",
-    "ToolSpecification", "UserMessage", "UserName", "V", "ai_service", "messages_from_json",
-    "messages_to_json", "system_message", "tool", "user_message",
+    "AiMessage",
+    "AiServiceError",
+    "AsyncTextStream",
+    "TextStream",
+    "ChatMemory",
+    "ChatMemoryAccess",
+    "ChatMemoryProvider",
+    "ChatMemoryStore",
+    "ChatMessage",
+    "ChatModel",
+    "ChatRequest",
+    "ChatRequestParameters",
+    "ChatResponse",
+    "InMemoryChatMemoryStore",
+    "InterfaceError",
+    "MemoryId",
+    "MessageWindowChatMemory",
+    "OutputParseError",
+    "PostgresChatMemoryStore",
+    "RedisChatMemoryStore",
+    "ResponseFormat",
+    "Result",
+    "SqliteChatMemoryStore",
+    "SystemMessage",
+    "TokenCountEstimator",
+    "TokenUsage",
+    "TokenWindowChatMemory",
+    "ToolExecution",
+    "ToolExecutionRequest",
+    "ToolExecutionResultMessage",
+    "ToolLimitError",
+    "ToolSpecification",
+    "UserMessage",
+    "UserName",
+    "V",
+    "ai_service",
+    "messages_from_json",
+    "messages_to_json",
+    "system_message",
+    "tool",
+    "user_message",
 }
 
 
@@ -32,8 +64,15 @@ def test_every_exported_name_resolves() -> None:
 
 
 def test_messages_and_errors_are_importable_from_their_modules() -> None:
-    for name in ("SystemMessage", "UserMessage", "AiMessage", "ToolExecutionRequest",
-                 "ToolExecutionResultMessage", "messages_to_json", "messages_from_json"):
+    for name in (
+        "SystemMessage",
+        "UserMessage",
+        "AiMessage",
+        "ToolExecutionRequest",
+        "ToolExecutionResultMessage",
+        "messages_to_json",
+        "messages_from_json",
+    ):
         assert getattr(aiservices.messages, name) is getattr(aiservices, name)
     for name in ("AiServiceError", "InterfaceError", "OutputParseError", "ToolLimitError"):
         assert getattr(aiservices.errors, name) is getattr(aiservices, name)

@@ -156,11 +156,15 @@ def lookup(order: str) -> str:
 def test_store_traffic_is_one_read_and_one_write_per_turn_even_with_tools() -> None:
     store = CountingStore()
     model = ScriptedChatModel(
-        tool_call("lookup", order="1"), tool_call("lookup", order="2"), "both shipped",
+        tool_call("lookup", order="1"),
+        tool_call("lookup", order="2"),
+        "both shipped",
         default="plain",
     )
     bot = ai_service(
-        Bot, model=model, tools=[lookup],
+        Bot,
+        model=model,
+        tools=[lookup],
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4, store=store),
     )
     bot.chat("u", "where are my orders?")
@@ -173,9 +177,13 @@ def test_store_traffic_is_one_read_and_one_write_per_turn_even_with_tools() -> N
 
 def test_a_failed_turn_writes_nothing_and_leaves_memory_as_it_was() -> None:
     store = CountingStore()
-    model = ScriptedChatModel("first", tool_call("lookup", order="9"), RuntimeError("provider down"))
+    model = ScriptedChatModel(
+        "first", tool_call("lookup", order="9"), RuntimeError("provider down")
+    )
     bot = ai_service(
-        Bot, model=model, tools=[lookup],
+        Bot,
+        model=model,
+        tools=[lookup],
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
     )
     bot.chat("u", "hello")

@@ -55,7 +55,8 @@ def test_each_memory_id_gets_its_own_conversation() -> None:
 
 def test_recorded_messages_carry_ids_turn_and_time() -> None:
     bot = ai_service(
-        Chat, model=ScriptedChatModel("a", "b"),
+        Chat,
+        model=ScriptedChatModel("a", "b"),
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
     )
     bot.chat("u", "one", product="P")
@@ -69,7 +70,8 @@ def test_recorded_messages_carry_ids_turn_and_time() -> None:
 
 def test_identical_system_message_is_kept_once_and_a_new_one_replaces_it() -> None:
     bot = ai_service(
-        Chat, model=ScriptedChatModel(default="ok"),
+        Chat,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
     )
     bot.chat("u", "one", product="A")
@@ -176,7 +178,8 @@ def test_system_message_provider_gets_the_memory_id() -> None:
 
 def test_none_memory_id_is_a_value_error_unless_optional() -> None:
     bot = ai_service(
-        Chat, model=ScriptedChatModel(default="ok"),
+        Chat,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     with pytest.raises(ValueError, match=r"Chat.chat\(user\)"):
@@ -188,7 +191,8 @@ def test_optional_memory_id_none_starts_a_new_conversation() -> None:
         def chat(self, conversation: Annotated[str | None, MemoryId], text: str) -> Result[str]: ...
 
     bot = ai_service(
-        Bot, model=ScriptedChatModel(default="ok"),
+        Bot,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     first = bot.chat(None, "hi")
@@ -204,7 +208,8 @@ def test_unhashable_memory_id_is_a_type_error_naming_the_parameter() -> None:
         def chat(self, user: Annotated[object, MemoryId], text: str) -> str: ...
 
     bot = ai_service(
-        Bot, model=ScriptedChatModel(default="ok"),
+        Bot,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     with pytest.raises(TypeError, match=r"Bot.chat\(user\).*unhashable"):
@@ -220,7 +225,10 @@ def test_without_memory_id_the_chat_memory_is_used() -> None:
     bot.chat("one")
     bot.chat("two")
     assert memory.messages() == [
-        UserMessage("one"), AiMessage("a"), UserMessage("two"), AiMessage("b")
+        UserMessage("one"),
+        AiMessage("a"),
+        UserMessage("two"),
+        AiMessage("b"),
     ]
 
 
@@ -258,7 +266,9 @@ def test_memory_cache_is_bounded_and_evicts_least_recently_used() -> None:
         def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
 
     bot = ai_service(
-        Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider,  # type: ignore[arg-type]
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=provider,  # type: ignore[arg-type]
         chat_memory_cache_size=2,
     )
     bot.chat("a", "x")
@@ -274,7 +284,8 @@ def test_memory_cache_is_bounded_and_evicts_least_recently_used() -> None:
 
 def test_get_and_evict_chat_memory() -> None:
     bot = ai_service(
-        Chat, model=ScriptedChatModel(default="ok"),
+        Chat,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     bot.chat("u", "hi", product="p")
@@ -288,7 +299,8 @@ def test_get_and_evict_chat_memory() -> None:
 
 def test_forget_erases_the_conversation() -> None:
     bot = ai_service(
-        Chat, model=ScriptedChatModel(default="ok"),
+        Chat,
+        model=ScriptedChatModel(default="ok"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     bot.chat("u", "hi", product="p")
@@ -324,7 +336,8 @@ async def test_async_method_awaits_the_model() -> None:
         async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
 
     bot = ai_service(
-        Bot, model=ScriptedChatModel("a", "b"),
+        Bot,
+        model=ScriptedChatModel("a", "b"),
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     assert await bot.chat("u", "one") == "a"

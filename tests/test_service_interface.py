@@ -113,7 +113,7 @@ def test_not_a_protocol_fails() -> None:
         def chat(self, message: str) -> str:
             return message
 
-    with pytest.raises(InterfaceError, match="typing.Protocol"):
+    with pytest.raises(InterfaceError, match=r"typing\.Protocol"):
         build(Bot)
 
 

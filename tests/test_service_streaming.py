@@ -39,8 +39,11 @@ def weather(city: str) -> str:
 
 def make(model: object, **options: object) -> Streamer:
     return ai_service(
-        Streamer, model=model, tools=[weather],  # type: ignore[arg-type]
-        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50), **options,  # type: ignore[arg-type]
+        Streamer,
+        model=model,
+        tools=[weather],  # type: ignore[arg-type]
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50),
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -61,8 +64,9 @@ def test_nothing_happens_until_the_first_chunk_is_asked_for() -> None:
 
 
 def test_text_stream_reports_usage_after_the_end() -> None:
-    model = ScriptedChatModel(tool_call("weather", city="Oslo"), "It is sunny.",
-                              usage=TokenUsage(7, 3))
+    model = ScriptedChatModel(
+        tool_call("weather", city="Oslo"), "It is sunny.", usage=TokenUsage(7, 3)
+    )
     bot = make(model)
     stream = bot.tell_with_usage("u", "weather?")
     assert stream.result is None
@@ -102,9 +106,10 @@ def test_a_failure_midway_records_nothing() -> None:
 
     bot = make(Broken())
     seen: list[str] = []
+    stream = bot.tell("u", "x")
+    seen.append(next(stream))
     with pytest.raises(ConnectionError):
-        for chunk in bot.tell("u", "x"):
-            seen.append(chunk)
+        next(stream)
     assert seen == ["partial "]
     assert bot.get_chat_memory("u").messages() == []
 
@@ -141,7 +146,8 @@ async def test_def_returning_async_stream_is_iterated_directly_and_has_a_result(
     bot = make(model)
     stream = bot.atell_plain("u", "weather?")
     assert "".join([c async for c in stream]) == "Sunny."
-    assert stream.result is not None and stream.result.token_usage == TokenUsage(2, 2)
+    assert stream.result is not None
+    assert stream.result.token_usage == TokenUsage(2, 2)
 
 
 async def test_async_stream_closed_early_records_nothing() -> None:

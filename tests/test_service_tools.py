@@ -61,7 +61,9 @@ def divide(a: float, b: float) -> float:
 
 def service(model: ScriptedChatModel, tools: list[object], **options: object) -> Bot:
     return ai_service(
-        Bot, model=model, tools=tools,
+        Bot,
+        model=model,
+        tools=tools,
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50),
         **options,  # type: ignore[arg-type]
     )
@@ -81,8 +83,12 @@ def test_two_round_tool_call_records_every_step_in_order() -> None:
     messages = bot.get_chat_memory("u").messages()
     kinds = [type(m).__name__ for m in messages]
     assert kinds == [
-        "UserMessage", "AiMessage", "ToolExecutionResultMessage",
-        "AiMessage", "ToolExecutionResultMessage", "AiMessage",
+        "UserMessage",
+        "AiMessage",
+        "ToolExecutionResultMessage",
+        "AiMessage",
+        "ToolExecutionResultMessage",
+        "AiMessage",
     ]
     first_request = messages[1].tool_execution_requests[0]  # type: ignore[union-attr]
     assert messages[2] == ToolExecutionResultMessage(
@@ -116,9 +122,12 @@ def test_malformed_arguments_and_made_up_names_go_back_to_the_model() -> None:
     bot = service(model, [add, divide])
     bot.chat("u", "compute")
     texts = [r.messages[-1].text for r in model.requests[1:]]
-    assert "add" in texts[0] and "JSON" in texts[0]
-    assert "a:" in texts[1] and "integer" in texts[1]
-    assert "multiply" in texts[2] and "add, divide" in texts[2]
+    assert "add" in texts[0]
+    assert "JSON" in texts[0]
+    assert "a:" in texts[1]
+    assert "integer" in texts[1]
+    assert "multiply" in texts[2]
+    assert "add, divide" in texts[2]
 
 
 def test_error_handler_can_turn_tool_errors_into_exceptions_and_memory_is_unchanged() -> None:
@@ -149,8 +158,9 @@ def test_tool_limit_raises_without_running_the_tools_and_leaves_memory_unchanged
 
 def test_zero_tool_invocations_refuses_the_first_tool_answer() -> None:
     orders = Orders()
-    bot = service(ScriptedChatModel(tool_call("lookup", order_id="X")), [orders],
-                  max_tool_invocations=0)
+    bot = service(
+        ScriptedChatModel(tool_call("lookup", order_id="X")), [orders], max_tool_invocations=0
+    )
     with pytest.raises(ToolLimitError):
         bot.chat("u", "x")
     assert orders.looked_up == []
@@ -192,7 +202,9 @@ def test_return_direct_returns_the_tool_result_without_another_model_round() -> 
     assert bot.price("ACME?") == Quote(symbol="ACME", price=10.5)
     assert len(model.requests) == 1
     assert [type(m).__name__ for m in memory.messages()] == [
-        "UserMessage", "AiMessage", "ToolExecutionResultMessage"
+        "UserMessage",
+        "AiMessage",
+        "ToolExecutionResultMessage",
     ]
 
 
@@ -223,7 +235,9 @@ async def test_parallel_async_tools_run_concurrently_and_are_recorded_in_request
 
     model = ScriptedChatModel(tool_calls(("slow", {"name": "a"}), ("slow", {"name": "b"})), "ok")
     bot = ai_service(
-        ABot, model=model, tools=[slow],
+        ABot,
+        model=model,
+        tools=[slow],
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50),
     )
     started = time.perf_counter()
@@ -233,7 +247,8 @@ async def test_parallel_async_tools_run_concurrently_and_are_recorded_in_request
     assert [e.result for e in result.tool_executions] == ["hello a", "hello b"]
     messages = bot.get_chat_memory("u").messages()
     assert [m.text for m in messages if isinstance(m, ToolExecutionResultMessage)] == [
-        "hello a", "hello b"
+        "hello a",
+        "hello b",
     ]
 
 

@@ -65,5 +65,5 @@ bot.evict_chat_memory(memory_id)
 
 bot.chat("alice", "Hi")  # type: ignore[call-arg]
 bot.chat("alice", 42, product="Acme")  # type: ignore[arg-type]
-bot.classify("x").nope  # type: ignore[attr-defined]
+_ = bot.classify("x").nope  # type: ignore[attr-defined]
 bot.missing_method()  # type: ignore[attr-defined]
