@@ -6,7 +6,7 @@ Each ``# type: ignore[code]`` below marks a call mypy must reject; with
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable, Iterator
 from typing import Annotated, Protocol, assert_type
 
 from pydantic import BaseModel
@@ -17,8 +17,10 @@ from aiservices import (
     MemoryId,
     MessageWindowChatMemory,
     Result,
+    TextStream,
     ai_service,
     system_message,
+    tool,
     user_message,
 )
 from aiservices.testing import ScriptedChatModel
@@ -41,6 +43,27 @@ class Assistant(ChatMemoryAccess, Protocol):
 
     async def achat(self, user: Annotated[str, MemoryId], message: str, product: str) -> str: ...
 
+    def stream(self, user: Annotated[str, MemoryId], message: str) -> Iterator[str]: ...
+
+    def stream_with_usage(self, user: Annotated[str, MemoryId], message: str) -> TextStream: ...
+
+    async def astream(self, user: Annotated[str, MemoryId], message: str) -> AsyncIterator[str]: ...
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add."""
+    return a + b
+
+
+@tool(name="mul")
+async def multiply(a: int, b: int) -> int:
+    """Multiply."""
+    return a * b
+
+
+assert_type(add(1, 2), int)
+
 
 bot = ai_service(
     Assistant,
@@ -57,7 +80,17 @@ assert_type(bot.get_chat_memory("alice"), ChatMemory)
 async def use_async() -> str:
     answer = await bot.achat("alice", "Hi", product="Acme")
     assert_type(answer, str)
+    assert_type(await multiply(2, 3), int)
+    chunks = [chunk async for chunk in await bot.astream("alice", "Hi")]
+    assert_type(chunks, list[str])
     return answer
+
+
+for chunk in bot.stream("alice", "Hi"):
+    assert_type(chunk, str)
+streamed = bot.stream_with_usage("alice", "Hi")
+if streamed.result is not None:
+    assert_type(streamed.result.content, str)
 
 
 memory_id: Hashable = "alice"
