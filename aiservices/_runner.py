@@ -330,7 +330,7 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
             executions.extend(results)
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)
-                yield _COMMIT, recorded
+                yield _COMMIT, (recorded, request, response)
                 return _finish(state, call, value, usage, response, executions, None, tool_rounds)
             continue
         if output.returns_ai_message:
@@ -350,7 +350,7 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
                 scratch = [ai, _feedback(error)]
                 continue
         recorded.append(ai)
-        yield _COMMIT, recorded
+        yield _COMMIT, (recorded, request, response)
         return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
 
 
@@ -455,8 +455,19 @@ def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
         raise
 
 
-def _commit(memory: ChatMemory, messages: list[ChatMessage]) -> None:
+def _commit(memory: ChatMemory, argument: tuple[list[ChatMessage], ChatRequest, Any]) -> None:
+    messages, request, response = argument
     memory.add(*messages)
+    _observe(memory, request, response)
+
+
+def _observe(memory: ChatMemory, request: ChatRequest, response: ChatResponse) -> None:
+    # A memory that counts tokens may calibrate its estimate with what the provider counted
+    # for the last request of the turn.
+    if response.token_usage is not None:
+        observe = getattr(memory, "observe_usage", None)
+        if observe is not None:
+            observe(request.messages, response.token_usage)
 
 
 async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
@@ -497,13 +508,21 @@ async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -
                 value = await toolbox.aexecute_all(requests, memory_id)
             else:
                 if memory is not None:
-                    await _amemory(memory, "aadd", memory.add, *argument)
+                    await _acommit(memory, argument)
                 value = None
     except StopIteration as stop:
         return stop.value
     except Exception as error:
         failed(state, call, error)
         raise
+
+
+async def _acommit(
+    memory: ChatMemory, argument: tuple[list[ChatMessage], ChatRequest, Any]
+) -> None:
+    messages, request, response = argument
+    await _amemory(memory, "aadd", memory.add, *messages)
+    _observe(memory, request, response)
 
 
 async def _amemory(memory: ChatMemory, name: str, blocking: Callable[..., Any], *args: Any) -> Any:

@@ -15,7 +15,19 @@ from typing import Any
 
 from ._plan import MethodPlan
 from ._result import Result
-from ._runner import _MODEL, _READ, _TOOLS, ServiceState, _amemory, _Call, _turn, bind, failed
+from ._runner import (
+    _MODEL,
+    _READ,
+    _TOOLS,
+    ServiceState,
+    _acommit,
+    _amemory,
+    _Call,
+    _commit,
+    _turn,
+    bind,
+    failed,
+)
 from .models import ChatResponse
 
 __all__ = ["AsyncTextStream", "TextStream", "stream_async", "stream_sync"]
@@ -152,7 +164,7 @@ def _chunks(state: ServiceState, call: _Call, sink: TextStream) -> Generator[str
                         value = toolbox.execute_all(requests, memory_id)
                     else:
                         if memory is not None:
-                            memory.add(*argument)
+                            _commit(memory, argument)
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
@@ -220,7 +232,7 @@ async def _achunks(
                         value = await toolbox.aexecute_all(requests, memory_id)
                     else:
                         if memory is not None:
-                            await _amemory(memory, "aadd", memory.add, *argument)
+                            await _acommit(memory, argument)
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
