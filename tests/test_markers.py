@@ -1,0 +1,26 @@
+"""Markers: plain frozen data read from Annotated parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiservices import MemoryId, UserName, V
+from aiservices.markers import is_marker
+
+
+def test_markers_match_their_class_and_instances() -> None:
+    assert is_marker(MemoryId, MemoryId)
+    assert is_marker(MemoryId(), MemoryId)
+    assert not is_marker(UserName, MemoryId)
+    assert not is_marker("MemoryId", MemoryId)
+
+
+def test_v_needs_an_identifier() -> None:
+    assert V("topic").name == "topic"
+    with pytest.raises(ValueError, match="identifier"):
+        V("not valid")
+
+
+def test_markers_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        V("a").name = "b"  # type: ignore[misc]

@@ -1,0 +1,63 @@
+"""Templates: parsed once, rendered in one pass, values never rendered again."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from aiservices._templates import Template, render_value
+
+
+def test_placeholders_are_found_in_order_with_spaces_allowed() -> None:
+    template = Template.parse("Dear {{ name }}, about {{topic}}: {{name}}")
+    assert template.names == ("name", "topic", "name")
+    assert template.variables == {"name", "topic"}
+    assert template.render({"name": "Ann", "topic": "tea"}) == "Dear Ann, about tea: Ann"
+
+
+def test_text_without_placeholders_is_returned_as_is() -> None:
+    assert Template.parse("just {text} and {{").render({}) == "just {text} and {{"
+
+
+def test_a_placeholder_that_is_not_a_name_is_an_error() -> None:
+    with pytest.raises(ValueError, match="must hold a name"):
+        Template.parse("{{ not a name }}")
+
+
+def test_unknown_names_exclude_known_and_builtin_variables() -> None:
+    template = Template.parse("{{a}} {{b}} {{current_date}} {{b}}")
+    assert template.unknown(["a"]) == ["b"]
+
+
+def test_builtin_dates_render_when_no_value_is_given() -> None:
+    text = Template.parse("{{current_date}}|{{current_date_time}}").render({})
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d\|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", text)
+
+
+class Item(BaseModel):
+    name: str
+
+
+@dataclass
+class Point:
+    x: int
+
+
+def test_values_render_as_text_or_json() -> None:
+    assert render_value("a") == "a"
+    assert render_value(3) == "3"
+    assert render_value(Item(name="pen")) == '{"name":"pen"}'
+    assert render_value(Point(1)) == '{"x":1}'
+    assert render_value({"k": [1, 2]}) == '{"k":[1,2]}'
+    assert render_value(["a"]) == '["a"]'
+
+
+@given(st.text(), st.text())
+def test_values_are_inserted_verbatim_never_rendered_again(a: str, b: str) -> None:
+    template = Template.parse("<{{a}}|{{b}}>")
+    assert template.render({"a": a, "b": b}) == f"<{a}|{b}>"
