@@ -1,7 +1,7 @@
 """Return annotation -> response format and parser: the one registry for typed answers.
 
-:func:`plan_output` reads a method's return type once, when the service is built, and
-returns an :class:`OutputPlan`: the JSON schema the model is asked to follow and a parser
+``plan_output`` reads a method's return type once, when the service is built, and
+returns an ``OutputPlan``: the JSON schema the model is asked to follow and a parser
 for its answer. Parsing tries the answer as it is first (one pydantic ``validate_json``
 call) and looks for JSON inside fences, prose or a ``{"value": ...}`` object only when
 that fails, so a well-formed answer costs what pydantic costs.
@@ -74,7 +74,7 @@ class OutputPlan:
 def plan_output(annotation: Any) -> OutputPlan:
     """Analyse a return type once: its response format and its parser.
 
-    Raises :class:`UnsupportedOutputType` naming the type, what is wrong with it and the
+    Raises ``UnsupportedOutputType`` naming the type, what is wrong with it and the
     supported types.
     """
     try:

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from pydantic_core import to_json
+
+from ._hooks import Hooks, emit, logger
 from ._locks import TurnLock
 from ._plan import MethodPlan
 from ._result import Result
@@ -35,8 +38,15 @@ from .messages import (
     _trusted,
     new_message_id,
 )
-from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, TokenUsage
-from .observability import CallInfo, Hooks, emit, logger
+from .models import (
+    ChatModel,
+    ChatRequest,
+    ChatRequestParameters,
+    ChatResponse,
+    ResponseFormat,
+    TokenUsage,
+)
+from .observability import CallInfo
 from .tools import ToolExecution
 
 __all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
@@ -230,23 +240,32 @@ def _request_base(
 ) -> tuple[list[ChatMessage], SystemMessage | None]:
     """The window the model sees before this turn, and the system message to record if any.
 
-    A new or changed system message goes first and the old one, if any, leaves.
+    The model always sees the system message first, wherever the memory keeps it; a new or
+    changed one replaces the old one.
     """
-    if system_text is None:
-        return list(history), None
-    rest = history
-    for i, message in enumerate(history):
-        if type(message) is SystemMessage:
-            if message.text == system_text:
-                return list(history), None
-            rest = history[:i] + history[i + 1 :]
-            break
+    position = -1
+    if history and type(history[0]) is not SystemMessage:
+        for i, message in enumerate(history):
+            if type(message) is SystemMessage:
+                position = i
+                break
+    elif history:
+        position = 0
+    if system_text is None or (position >= 0 and history[position].text == system_text):
+        if position <= 0:
+            return list(history), None
+        return [history[position], *history[:position], *history[position + 1 :]], None
     system = _stamp(SystemMessage, {"type": "system", "text": system_text}, turn_id)
-    return [system, *rest], system
+    if position < 0:
+        return [system, *history], system
+    return [system, *history[:position], *history[position + 1 :]], system
 
 
-def _feedback(error: ValueError) -> UserMessage:
-    return UserMessage(str(error))
+def _feedback(error: ValueError, response_format: ResponseFormat | None) -> UserMessage:
+    # Models without native structured output learn the expected shape from this message.
+    if response_format is None:
+        return UserMessage(str(error))
+    return UserMessage(f"{error}\nThe JSON schema: {to_json(response_format.schema).decode()}")
 
 
 def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, Any]:
@@ -347,7 +366,7 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
                         attempts=retries + 1,
                     ) from error
                 retries += 1
-                scratch = [ai, _feedback(error)]
+                scratch = [ai, _feedback(error, response_format)]
                 continue
         recorded.append(ai)
         yield _COMMIT, (recorded, request, response)
@@ -450,7 +469,8 @@ def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
                 value = None
     except StopIteration as stop:
         return stop.value
-    except Exception as error:
+    except BaseException as error:
+        # Cancellation and interrupts too: listeners must see every call end.
         failed(state, call, error)
         raise
 
@@ -512,7 +532,8 @@ async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -
                 value = None
     except StopIteration as stop:
         return stop.value
-    except Exception as error:
+    except BaseException as error:
+        # Cancellation and interrupts too: listeners must see every call end.
         failed(state, call, error)
         raise
 

@@ -41,7 +41,7 @@ def _missing_final(model: object) -> RuntimeError:
 
 
 class TextStream(Iterator[str]):
-    """The text of an answer as it arrives; iterate it, then read :attr:`result`.
+    """The text of an answer as it arrives; iterate it, then read ``result``.
 
     ``result`` is ``None`` until the stream has ended; then it is a ``Result[str]`` with
     the whole text, the token usage summed over the call's model rounds and the tool
@@ -83,7 +83,7 @@ class TextStream(Iterator[str]):
 
 
 class AsyncTextStream(AsyncIterator[str]):
-    """The async form of :class:`TextStream`: ``async for`` it, then read :attr:`result`."""
+    """The async form of ``TextStream``: ``async for`` it, then read ``result``."""
 
     __slots__ = ("_chunks", "_release", "result")
 
@@ -115,6 +115,13 @@ class AsyncTextStream(AsyncIterator[str]):
             release()
 
     __del__ = _never_started
+
+
+def _direct_text(result: Result[Any]) -> str | None:
+    """The text of a call answered by a direct-return tool (no model round streamed it)."""
+    if result.ai_message is not None or not result.tool_executions:
+        return None
+    return "\n".join(e.result for e in result.tool_executions)
 
 
 def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> TextStream:
@@ -168,7 +175,11 @@ def _chunks(state: ServiceState, call: _Call, sink: TextStream) -> Generator[str
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
-            except Exception as error:
+                direct = _direct_text(stop.value)
+                if direct:
+                    yield direct
+            except BaseException as error:
+                # An early close (GeneratorExit) or a cancellation ends the call too.
                 failed(state, call, error)
                 raise
         finally:
@@ -236,7 +247,11 @@ async def _achunks(
                         value = None
             except StopIteration as stop:
                 sink.result = stop.value
-            except Exception as error:
+                direct = _direct_text(stop.value)
+                if direct:
+                    yield direct
+            except BaseException as error:
+                # An early close (GeneratorExit) or a cancellation ends the call too.
                 failed(state, call, error)
                 raise
         finally:

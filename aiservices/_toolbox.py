@@ -222,8 +222,8 @@ def _describe(item: object) -> str:
 class Toolbox:
     """The tools of one call: their specifications, and the running of the model's requests.
 
-    Build one with :meth:`from_objects`. A request that fails (unknown tool, bad arguments,
-    a tool that raises) becomes a :class:`ToolExecution` whose ``result`` is the error text
+    Build one with ``from_objects``. A request that fails (unknown tool, bad arguments,
+    a tool that raises) becomes a ``ToolExecution`` whose ``result`` is the error text
     for the model, or whatever ``error_handler(error, request)`` returns; the handler may
     raise instead, and that exception ends the call. ``KeyboardInterrupt``, ``SystemExit``
     and ``asyncio.CancelledError`` always propagate.
@@ -234,7 +234,7 @@ class Toolbox:
     def __init__(
         self, tools: Sequence[_Tool] = (), *, error_handler: ToolErrorHandler | None = None
     ) -> None:
-        """Prefer :meth:`from_objects`; this takes already collected tools."""
+        """Prefer ``from_objects``; this takes already collected tools."""
         if error_handler is not None and not callable(error_handler):
             raise TypeError(
                 "error_handler must be a callable (error, request) -> str, "
@@ -280,7 +280,7 @@ class Toolbox:
     def merge(self, other: Toolbox) -> Toolbox:
         """This toolbox's tools, then ``other``'s, with this one's error handler.
 
-        A name in both is an ``InterfaceError``, as in :meth:`from_objects`.
+        A name in both is an ``InterfaceError``, as in ``from_objects``.
         """
         if not other._tools:
             return self

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION: Final = 1
-"""Version of the JSON form written by :func:`messages_to_json` and :func:`message_to_json`."""
+"""Version of the JSON form written by ``messages_to_json`` and ``message_to_json``."""
 
 
 _F = TypeVar("_F", bound=Callable[..., None])
@@ -314,7 +314,7 @@ def messages_to_json(messages: Iterable[ChatMessage]) -> str:
 
 
 def messages_from_json(text: str | bytes) -> list[ChatMessage]:
-    """Read what :func:`messages_to_json` wrote; anything malformed is a ``ValueError``."""
+    """Read what ``messages_to_json`` wrote; anything malformed is a ``ValueError``."""
     try:
         envelope = _Envelope.model_validate_json(text)
     except ValidationError as exc:
@@ -333,7 +333,7 @@ def message_to_json(message: ChatMessage) -> str:
 
 
 def message_from_json(text: str | bytes) -> ChatMessage:
-    """Read one message written by :func:`message_to_json`; a ``ValueError`` if malformed."""
+    """Read one message written by ``message_to_json``; a ``ValueError`` if malformed."""
     try:
         return _message_adapter.validate_json(text)
     except ValidationError as exc:

@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
+from ._hooks import Hooks
 from ._plan import MethodPlan, plan_interface
 from ._runner import Conversation, ServiceState, run_async, run_sync
 from ._streams import stream_async, stream_sync
@@ -19,7 +20,6 @@ from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
 from .models import ChatModel, ChatRequestParameters
-from .observability import Hooks
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 

@@ -358,3 +358,26 @@ async def test_async_call_on_a_model_with_only_chat_uses_a_thread() -> None:
 
     bot = ai_service(Bot, model=OnlyChat())
     assert await bot.chat("x") == "sync answer"
+
+
+def test_the_model_always_sees_the_system_message_first() -> None:
+    class Bot(ChatMemoryAccess, Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        system_message_provider=lambda memory_id: "Be kind.",
+    )
+    memory = bot.get_chat_memory("u")
+    # a conversation whose system message was added after some messages
+    memory.set([UserMessage("early"), AiMessage("reply"), SystemMessage("Be kind.")])
+    bot.chat("u", "now")
+    assert model.sent_texts() == [
+        ("system", "Be kind."),
+        ("user", "early"),
+        ("ai", "reply"),
+        ("user", "now"),
+    ]

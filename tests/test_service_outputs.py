@@ -100,3 +100,12 @@ def test_zero_retries_fails_on_the_first_bad_answer() -> None:
     with pytest.raises(OutputParseError):
         bot.numbers("x")
     assert len(model.requests) == 1
+
+
+def test_the_retry_message_carries_the_schema() -> None:
+    model = ScriptedChatModel("no json here", '{"sentiment": "positive", "score": 1}')
+    bot = ai_service(Classifier, model=model)
+    bot.classify("x")
+    feedback = model.requests[1].messages[-1].text
+    assert '"sentiment"' in feedback
+    assert "JSON schema" in feedback

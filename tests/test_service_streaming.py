@@ -168,3 +168,40 @@ def test_streaming_declarations_are_checked_at_build() -> None:
     with pytest.raises(InterfaceError) as info:
         ai_service(Bad, model=ScriptedChatModel())
     assert [p.split(":")[0] for p in info.value.problems] == ["Bad.a()", "Bad.b()"]
+
+
+def test_a_direct_return_tool_answer_is_streamed_as_text() -> None:
+    @tool(return_direct=True)
+    def fetch(key: str) -> str:
+        """Fetch a value."""
+        return f"value of {key}"
+
+    class Direct(Protocol):
+        def ask(self, text: str) -> TextStream: ...
+
+    bot = ai_service(Direct, model=ScriptedChatModel(tool_call("fetch", key="k")), tools=[fetch])
+    stream = bot.ask("get k")
+    assert list(stream) == ["value of k"]
+    assert stream.result is not None
+    assert stream.result.content == "value of k"
+
+
+def test_listeners_hear_about_a_stream_closed_early() -> None:
+    from aiservices.observability import CallInfo
+
+    ended: list[str] = []
+
+    class Listener:
+        def on_error(self, call: CallInfo, error: BaseException) -> None:
+            ended.append(type(error).__name__)
+
+    bot = ai_service(
+        Streamer,
+        model=ScriptedChatModel("abcdef", chunk_size=2),
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+        listeners=[Listener()],
+    )
+    stream = bot.tell("u", "x")
+    next(stream)
+    stream.close()
+    assert ended == ["GeneratorExit"]

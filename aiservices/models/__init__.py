@@ -144,6 +144,6 @@ class StreamingChatModel(Protocol):
 
 @runtime_checkable
 class AsyncStreamingChatModel(Protocol):
-    """The async form of :class:`StreamingChatModel`."""
+    """The async form of ``StreamingChatModel``."""
 
     def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]: ...

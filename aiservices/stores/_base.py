@@ -27,7 +27,7 @@ class ChatMemoryStore(Protocol):
 class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
     """A store that applies a memory's changes without rewriting the conversation.
 
-    Memories use :meth:`apply_changes` when a store has it, so that a writer that had not
+    Memories use ``apply_changes`` when a store has it, so that a writer that had not
     seen another writer's messages (another process, say) never erases them.
     """
 
