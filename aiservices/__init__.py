@@ -17,6 +17,7 @@ from .memory import (
     ChatMemory,
     ChatMemoryProvider,
     MessageWindowChatMemory,
+    SummarizingChatMemory,
     TokenCountEstimator,
     TokenWindowChatMemory,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "ResponseFormat",
     "Result",
     "SqliteChatMemoryStore",
+    "SummarizingChatMemory",
     "SystemMessage",
     "TokenCountEstimator",
     "TokenUsage",

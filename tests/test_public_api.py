@@ -33,6 +33,7 @@ EXPECTED = {
     "ResponseFormat",
     "Result",
     "SqliteChatMemoryStore",
+    "SummarizingChatMemory",
     "SystemMessage",
     "TokenCountEstimator",
     "TokenUsage",

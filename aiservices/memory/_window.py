@@ -9,6 +9,11 @@ number of messages before it. Eviction takes whole *units* from the front: a mes
 Store traffic: :meth:`messages` reads the store once; :meth:`add` writes once, and reads
 only when the memory holds no list yet. The write is a delta (``apply_changes``) when the
 store offers one, else the whole window (``update_messages``).
+
+Calibration (``calibrate=True``): after a turn, :meth:`WindowChatMemory._observe_usage`
+compares the provider's count of the request's input with the memory's estimate of the same
+messages; the ratio divides the limit from then on. The window is trimmed to it at the next
+add, never at a read: a read never hides a message that the store still holds in the window.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import enum
 import operator
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 from ..messages import (
     AiMessage,
@@ -30,12 +35,19 @@ from ..messages import (
 )
 from ..stores._base import ChatMemoryStore
 
-__all__ = ["Limit", "WindowChatMemory", "WindowChatMemoryProvider"]
+__all__ = ["Limit", "ReportedUsage", "WindowChatMemory", "WindowChatMemoryProvider"]
 
 Limit: TypeAlias = int | Callable[[Any], int]
 """A window's size: a number, or a callable taking the memory id, read at every add and read."""
 
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
+
+
+class ReportedUsage(Protocol):
+    """What calibration reads of a reported ``TokenUsage``."""
+
+    @property
+    def input_tokens(self) -> int | None: ...
 
 
 class _Async(enum.Enum):
@@ -130,7 +142,8 @@ class _Write:
 class WindowChatMemory:
     """Base of the window memories: keeps the newest messages whose cost fits the limit."""
 
-    _limit_name: ClassVar[str] = "limit"
+    _limit_name: str = "limit"
+    _state_type: type[_State] = _State
 
     def __init__(
         self,
@@ -140,6 +153,7 @@ class WindowChatMemory:
         store: ChatMemoryStore | None,
         always_keep_system_message_first: bool,
         evict_whole_turns: bool,
+        calibrate: bool = False,
     ) -> None:
         try:
             hash(id)
@@ -164,6 +178,16 @@ class WindowChatMemory:
         self._whole_turns = bool(evict_whole_turns)
         self._lock = threading.Lock()
         self._state: _State | None = None
+        self._calibrate = bool(calibrate)
+        self._base_limit = self._fixed_limit
+        self._factor = 1.0  # provider tokens per estimated token
+        # Costs of the messages the last add evicted, kept for calibration only: the request
+        # it observes held them, and the store no longer does.
+        self._gone: dict[object, int] | None = None
+        if self._calibrate:
+            self._gone = {}
+            # Only a calibrating memory wraps its _trim: the others pay nothing per add.
+            self._trim = self._trim_keeping_costs  # type: ignore[method-assign]
 
     # What a subclass supplies.
 
@@ -237,7 +261,7 @@ class WindowChatMemory:
             except BaseException:
                 self._state = None
                 raise
-            self._state = _State()
+            self._state = self._state_type()
 
     # The async twins, for async callers: never block the event loop on store I/O.
 
@@ -325,7 +349,7 @@ class WindowChatMemory:
             except BaseException:
                 self._state = None
                 raise
-            self._state = _State()
+            self._state = self._state_type()
         finally:
             self._lock.release()
         return None
@@ -337,9 +361,55 @@ class WindowChatMemory:
         if limit_fn is None:
             return self._fixed_limit
         value = limit_fn(self._id)
-        if type(value) is int and value > 0:
-            return value
-        return check_limit(value, self._limit_name, source=f"{self._limit_name}({self._id!r})")
+        if type(value) is not int or value < 1:
+            value = check_limit(value, self._limit_name, source=f"{self._limit_name}({self._id!r})")
+        factor = self._factor
+        return value if factor == 1.0 else max(1, int(value / factor))
+
+    # Calibration.
+
+    def _observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+        """Compare the provider's input count for ``messages`` with the memory's estimate.
+
+        The ratio divides the limit from now on; the next add trims the window to it. Best
+        effort: a busy lock or a failing estimator skips the observation.
+        """
+        if not self._calibrate:
+            return
+        reported = usage.input_tokens
+        if type(reported) is not int or reported <= 0:
+            return
+        # Never wait: on an async caller's event loop this runs without awaiting, and a
+        # busy lock only means one observation fewer.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            state = self._state
+            if state is None:
+                return
+            known, gone = state.known, self._gone or {}
+            estimate = 0
+            for m in messages:
+                key = _key(m)
+                cost = known.get(key)
+                if cost is None:
+                    cost = gone.get(key)
+                    if cost is None:
+                        # A message the memory never held (a parse retry's feedback).
+                        cost = self._cost(m)
+                estimate += cost
+            if estimate <= 0:
+                return
+            self._factor = reported / estimate
+            if self._limit_fn is None:
+                self._fixed_limit = max(1, int(self._base_limit / self._factor))
+            # The window as it is counts as trimmed to the new limit, so that a read shows
+            # what the store holds; the next add evicts what no longer fits, in its write.
+            state.limit = self._read_limit()
+        except Exception:
+            return  # this runs after the turn's commit: nothing here may fail the call
+        finally:
+            self._lock.release()
 
     def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> _State:
         """The state for what the store holds: the current one when nothing has changed."""
@@ -362,7 +432,7 @@ class WindowChatMemory:
         """
         old = self._state
         known_before = old.known if old is not None else {}
-        state = _State()
+        state = self._state_type()
         msgs, costs, known, opened, answered = (
             state.msgs,
             state.costs,
@@ -524,6 +594,20 @@ class WindowChatMemory:
         if not kept and not removed:
             return None
         return _Write(None, kept, removed)
+
+    def _trim_keeping_costs(self, state: _State, limit: int) -> list[ChatMessage]:
+        """:meth:`_trim`, keeping the evicted messages' costs for :meth:`_observe_usage`."""
+        evicted = type(self)._trim(self, state, limit)
+        gone = self._gone
+        if gone is not None:
+            gone.clear()
+            known = state.known
+            for m in evicted:
+                key = _key(m)
+                cost = known.get(key)
+                if cost is not None:
+                    gone[key] = cost
+        return evicted
 
     def _trim(self, state: _State, limit: int) -> list[ChatMessage]:
         """Evict whole units from the front until the window fits; return what was evicted."""

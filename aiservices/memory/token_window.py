@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import ClassVar
+from collections.abc import Callable, Hashable, Sequence
 
 from ..messages import ChatMessage
 from ..stores._base import ChatMemoryStore
-from ._window import Limit, WindowChatMemory, WindowChatMemoryProvider, check_limit
+from ._window import Limit, ReportedUsage, WindowChatMemory, WindowChatMemoryProvider, check_limit
 from .tokens import TokenCountEstimator
 
 __all__ = ["TokenWindowChatMemory"]
@@ -19,9 +18,13 @@ class TokenWindowChatMemory(WindowChatMemory):
     The rules are those of ``MessageWindowChatMemory``, counted in tokens. A message is
     never split: one larger than the whole window is kept alone. Each message is counted
     once by ``token_count_estimator``, however many adds and reads follow.
+
+    With ``calibrate=True`` the memory corrects its estimate with the input tokens the
+    provider reported for the last request of a turn (see :meth:`observe_usage`), so that
+    the window stays within ``max_tokens`` as the model counts them.
     """
 
-    _limit_name: ClassVar[str] = "max_tokens"
+    _limit_name = "max_tokens"
 
     def __init__(
         self,
@@ -32,8 +35,9 @@ class TokenWindowChatMemory(WindowChatMemory):
         store: ChatMemoryStore | None = None,
         always_keep_system_message_first: bool = False,
         evict_whole_turns: bool = False,
+        calibrate: bool = False,
     ) -> None:
-        self._estimate = _estimate_method(token_count_estimator)
+        self._estimate = estimate_method(token_count_estimator)
         self._estimator = token_count_estimator
         super().__init__(
             max_tokens,
@@ -41,6 +45,7 @@ class TokenWindowChatMemory(WindowChatMemory):
             store=store,
             always_keep_system_message_first=always_keep_system_message_first,
             evict_whole_turns=evict_whole_turns,
+            calibrate=calibrate,
         )
 
     @property
@@ -48,14 +53,31 @@ class TokenWindowChatMemory(WindowChatMemory):
         """The estimator that counts each message's tokens."""
         return self._estimator
 
+    @property
+    def calibration(self) -> float:
+        """Provider tokens per estimated token that the window's limit is divided by.
+
+        ``1.0`` until a calibrating memory has observed a turn's usage.
+        """
+        return self._factor
+
+    def observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+        """Learn from the provider's ``usage.input_tokens`` for a request of ``messages``.
+
+        A service calls this after each turn with the turn's last request. With
+        ``calibrate=True`` the ratio of the reported count to the estimate of ``messages``
+        divides ``max_tokens`` from now on; the window is trimmed to it at the next add, in
+        that add's one write, never at a read. Otherwise it does nothing. The ratio also
+        takes in what the request carries beside its messages (tool definitions, a response
+        schema), so the correction errs on the side of a smaller window.
+        """
+        self._observe_usage(messages, usage)
+
     def _cost(self, message: ChatMessage) -> int:
         count = self._estimate(message)
         if type(count) is int and count >= 0:
             return count
-        raise ValueError(
-            f"{type(self._estimator).__name__}.estimate_token_count_in_message returned "
-            f"{count!r} for a {type(message).__name__}; it must return an int >= 0"
-        )
+        raise count_error(self._estimator, message, count)
 
     @classmethod
     def provider(
@@ -66,6 +88,7 @@ class TokenWindowChatMemory(WindowChatMemory):
         store: ChatMemoryStore | None = None,
         always_keep_system_message_first: bool = False,
         evict_whole_turns: bool = False,
+        calibrate: bool = False,
     ) -> WindowChatMemoryProvider[TokenWindowChatMemory]:
         """A ``ChatMemoryProvider`` giving each memory id its own memory on one store.
 
@@ -73,7 +96,7 @@ class TokenWindowChatMemory(WindowChatMemory):
         """
         if not callable(max_tokens):
             check_limit(max_tokens, cls._limit_name)
-        _estimate_method(token_count_estimator)
+        estimate_method(token_count_estimator)
 
         def make(memory_id: Hashable, shared: ChatMemoryStore) -> TokenWindowChatMemory:
             return cls(
@@ -83,12 +106,22 @@ class TokenWindowChatMemory(WindowChatMemory):
                 store=shared,
                 always_keep_system_message_first=always_keep_system_message_first,
                 evict_whole_turns=evict_whole_turns,
+                calibrate=calibrate,
             )
 
         return WindowChatMemoryProvider.create(cls, make, store, f"max_tokens={max_tokens!r}")
 
 
-def _estimate_method(estimator: object) -> Callable[[ChatMessage], object]:
+def count_error(estimator: object, message: ChatMessage, count: object) -> ValueError:
+    """The error for an estimator that returned ``count``, which is not an int >= 0."""
+    return ValueError(
+        f"{type(estimator).__name__}.estimate_token_count_in_message returned "
+        f"{count!r} for a {type(message).__name__}; it must return an int >= 0"
+    )
+
+
+def estimate_method(estimator: object) -> Callable[[ChatMessage], object]:
+    """The estimator's ``estimate_token_count_in_message``, or a ``TypeError`` saying why not."""
     if isinstance(estimator, type):
         raise TypeError(
             f"token_count_estimator must be an estimator object, got the class "

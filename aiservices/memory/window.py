@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import ClassVar
 
 from ..messages import ChatMessage
 from ..stores._base import ChatMemoryStore
@@ -24,7 +23,7 @@ class MessageWindowChatMemory(WindowChatMemory):
     ``InMemoryChatMemoryStore``.
     """
 
-    _limit_name: ClassVar[str] = "max_messages"
+    _limit_name = "max_messages"
 
     def __init__(
         self,

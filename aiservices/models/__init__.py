@@ -5,13 +5,18 @@ Provider adapters live in their own modules (``aiservices.models.openai``,
 imports no provider.
 """
 
-from __future__ import annotations
-
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-from ..messages import AiMessage, ChatMessage
+from ._base import (
+    AsyncChatModel,
+    AsyncStreamingChatModel,
+    ChatModel,
+    ChatRequest,
+    ChatRequestParameters,
+    ChatResponse,
+    ResponseFormat,
+    StreamingChatModel,
+    TokenUsage,
+    ToolSpecification,
+)
 
 __all__ = [
     "AsyncChatModel",
@@ -25,125 +30,3 @@ __all__ = [
     "TokenUsage",
     "ToolSpecification",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpecification:
-    """A tool as the model sees it: a name, a description and a JSON schema of its arguments."""
-
-    name: str
-    description: str = ""
-    parameters: Mapping[str, Any] = field(
-        default_factory=lambda: {"type": "object", "properties": {}}
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseFormat:
-    """Asks for JSON matching ``schema``; ``name`` identifies the schema to the provider.
-
-    ``strict`` says the schema fits providers' strict structured-output rules (every
-    property required, no additional properties), so an adapter may ask for strict mode.
-    """
-
-    name: str
-    schema: Mapping[str, Any]
-    strict: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ChatRequestParameters:
-    """Per-request generation settings; ``None`` leaves the model's own default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_output_tokens: int | None = None
-    stop_sequences: Sequence[str] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-_NO_PARAMETERS = ChatRequestParameters()
-
-
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """What the model is asked: the messages, the tools it may call, the answer's format."""
-
-    messages: Sequence[ChatMessage]
-    tools: Sequence[ToolSpecification] = ()
-    response_format: ResponseFormat | None = None
-    parameters: ChatRequestParameters = _NO_PARAMETERS
-
-
-@dataclass(frozen=True, slots=True)
-class TokenUsage:
-    """Tokens a request consumed; a count the provider did not report is ``None``."""
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-
-    @property
-    def total_tokens(self) -> int | None:
-        """Input plus output, or ``None`` when neither was reported."""
-        if self.input_tokens is None and self.output_tokens is None:
-            return None
-        return (self.input_tokens or 0) + (self.output_tokens or 0)
-
-    def __add__(self, other: TokenUsage | None) -> TokenUsage:
-        if other is None:
-            return self
-        return TokenUsage(
-            _add(self.input_tokens, other.input_tokens),
-            _add(self.output_tokens, other.output_tokens),
-        )
-
-    __radd__ = __add__
-
-
-def _add(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
-
-
-@dataclass(frozen=True, slots=True)
-class ChatResponse:
-    """The model's answer to one request.
-
-    ``finish_reason`` is normalised where the provider's reason maps: ``"stop"``,
-    ``"length"``, ``"tool_calls"``, ``"content_filter"``; otherwise the provider's own string.
-    """
-
-    ai_message: AiMessage
-    token_usage: TokenUsage | None = None
-    finish_reason: str | None = None
-
-
-@runtime_checkable
-class ChatModel(Protocol):
-    """All a model must have: answer one request."""
-
-    def chat(self, request: ChatRequest) -> ChatResponse: ...
-
-
-@runtime_checkable
-class AsyncChatModel(Protocol):
-    """A model with a native async path; without it, services run ``chat`` in a thread."""
-
-    async def achat(self, request: ChatRequest) -> ChatResponse: ...
-
-
-@runtime_checkable
-class StreamingChatModel(Protocol):
-    """A model that streams: yields text deltas (``str``), then one final ``ChatResponse``."""
-
-    def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]: ...
-
-
-@runtime_checkable
-class AsyncStreamingChatModel(Protocol):
-    """The async form of ``StreamingChatModel``."""
-
-    def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]: ...

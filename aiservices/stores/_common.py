@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from ..errors import AiServiceError
@@ -24,9 +24,11 @@ __all__ = [
     "MessageCache",
     "StoreSchemaError",
     "check_appended",
+    "check_retention",
     "check_unique_ids",
     "duplicate_id_error",
     "parse_messages",
+    "purge_interval",
     "with_message_ids",
 ]
 
@@ -55,6 +57,25 @@ class ChatHistoryStore(ChatMemoryStore, Protocol):
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation's window and history."""
         ...
+
+
+def check_retention(retention: object) -> timedelta | None:
+    """``retention`` as a store's retention period, or a clear error."""
+    if retention is None:
+        return None
+    if not isinstance(retention, timedelta):
+        raise TypeError(
+            f"retention must be a datetime.timedelta (e.g. timedelta(days=30)) or None, got "
+            f"{type(retention).__name__}"
+        )
+    if retention <= timedelta(0):
+        raise ValueError(f"retention must be a positive period, got {retention!r}")
+    return retention
+
+
+def purge_interval(retention: timedelta) -> float:
+    """Seconds between purges for a retention period: a tenth of it, at most an hour."""
+    return min(retention.total_seconds() / 10, 3600.0)
 
 
 class CorruptMessageError(AiServiceError, ValueError):

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection, Hashable, Sequence
 from collections.abc import Set as AbstractSet
+from datetime import timedelta
 from typing import ClassVar
 
 from ..messages import ChatMessage
 from ._base import store_key
-from ._common import check_appended, check_unique_ids, duplicate_id_error, with_message_ids
+from ._common import (
+    check_appended,
+    check_retention,
+    check_unique_ids,
+    duplicate_id_error,
+    purge_interval,
+    with_message_ids,
+)
 
 __all__ = ["InMemoryChatMemoryStore"]
 
@@ -18,12 +27,14 @@ class _Conversation:
     # messages[start:] is the conversation. Evicting from the front only moves start; the
     # dead head is cut off once it outgrows the rest, so a turn costs the same however long
     # the window. The ids mirror the messages: duplicate checks and removals need no scan.
-    __slots__ = ("ids", "messages", "start")
+    # written: time.monotonic() of the last write, for retention.
+    __slots__ = ("ids", "messages", "start", "written")
 
-    def __init__(self, messages: list[ChatMessage]) -> None:
+    def __init__(self, messages: list[ChatMessage], written: float) -> None:
         self.messages = messages
         self.start = 0
         self.ids: set[str | None] = {m.message_id for m in messages}
+        self.written = written
 
 
 class InMemoryChatMemoryStore:
@@ -32,16 +43,33 @@ class InMemoryChatMemoryStore:
     Messages are immutable, so reads return a new list of the stored message objects.
     Within a conversation every message has its own ``message_id``: ``update_messages``
     gives one to a message that has none, and a duplicate id is a ``ValueError``.
+
+    ``retention`` (a ``timedelta``) drops conversations that no write has touched for
+    longer, so that a long-running process does not keep abandoned conversations forever:
+    :meth:`purge_idle` runs from the first write that starts a conversation (the only
+    writes that grow the store) once ``min(retention / 10, 1 hour)`` has passed since the
+    last purge.
     """
 
     is_blocking: ClassVar[bool] = False
     """Its methods do no I/O: async calls use them directly, not through a worker thread."""
 
-    __slots__ = ("_conversations", "_lock")
+    __slots__ = ("_conversations", "_lock", "_next_purge", "retention")
 
-    def __init__(self) -> None:
+    def __init__(self, *, retention: timedelta | None = None) -> None:
         self._conversations: dict[str, _Conversation] = {}
         self._lock = threading.Lock()
+        self.retention = check_retention(retention)
+        self._next_purge = (
+            float("inf")
+            if self.retention is None
+            else _monotonic() + purge_interval(self.retention)
+        )
+
+    def __repr__(self) -> str:
+        if self.retention is None:
+            return f"{type(self).__name__}()"
+        return f"{type(self).__name__}(retention={self.retention!r})"
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
@@ -55,11 +83,14 @@ class InMemoryChatMemoryStore:
         key = store_key(memory_id)
         stored = with_message_ids(messages)
         check_unique_ids(stored)
+        now = _monotonic()
         with self._lock:
             if stored:
-                self._conversations[key] = _Conversation(stored)
+                self._conversations[key] = _Conversation(stored, now)
             else:
                 self._conversations.pop(key, None)
+        if now >= self._next_purge:
+            self._purge_by_retention(now)
 
     def apply_changes(
         self,
@@ -76,23 +107,30 @@ class InMemoryChatMemoryStore:
         with self._lock:
             conversation = self._conversations.get(key)
             if conversation is None:
+                if not appended:
+                    return
+                now = _monotonic()
+                self._conversations[key] = _Conversation(list(appended), now)
+            else:
+                conversation.written = _monotonic()
+                ids = conversation.ids
+                gone = ids.intersection(removed) if removed else _NOTHING
+                if not ids.isdisjoint(new_ids):
+                    for mid in new_ids:
+                        if mid in ids and mid not in gone:
+                            raise duplicate_id_error(mid, memory_id)
+                if gone:
+                    _remove(conversation, gone)
+                    ids -= gone
                 if appended:
-                    self._conversations[key] = _Conversation(list(appended))
+                    conversation.messages.extend(appended)
+                    ids.update(new_ids)
+                elif not ids:
+                    del self._conversations[key]
                 return
-            ids = conversation.ids
-            gone = ids.intersection(removed) if removed else _NOTHING
-            if not ids.isdisjoint(new_ids):
-                for mid in new_ids:
-                    if mid in ids and mid not in gone:
-                        raise duplicate_id_error(mid, memory_id)
-            if gone:
-                _remove(conversation, gone)
-                ids -= gone
-            if appended:
-                conversation.messages.extend(appended)
-                ids.update(new_ids)
-            elif not ids:
-                del self._conversations[key]
+        # The store grows only when a conversation starts: that is when it purges.
+        if now >= self._next_purge:
+            self._purge_by_retention(now)
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Delete the conversation; a no-op for an unknown id."""
@@ -103,6 +141,29 @@ class InMemoryChatMemoryStore:
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation (this store keeps no history beside it)."""
         self.delete_messages(memory_id)
+
+    def purge_idle(self, older_than: timedelta) -> int:
+        """Delete the conversations idle for longer than ``older_than``; return how many."""
+        if not isinstance(older_than, timedelta):
+            raise TypeError(f"older_than must be a timedelta, got {type(older_than).__name__}")
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than!r}")
+        before = _monotonic() - older_than.total_seconds()
+        with self._lock:
+            conversations = self._conversations
+            idle = [key for key, c in conversations.items() if c.written < before]
+            for key in idle:
+                del conversations[key]
+        return len(idle)
+
+    def _purge_by_retention(self, now: float) -> None:
+        retention = self.retention
+        assert retention is not None
+        self._next_purge = now + purge_interval(retention)
+        self.purge_idle(retention)
+
+
+_monotonic = time.monotonic
 
 
 _NOTHING: frozenset[str | None] = frozenset()

@@ -17,6 +17,11 @@ Schema (``table`` defaults to ``chat_messages``)::
 Both message tables are ``WITHOUT ROWID``, so a conversation's window is one contiguous
 range of the primary key, never mixed with its history.
 
+Retention: :meth:`SqliteChatMemoryStore.purge_idle` deletes the conversations (window and
+history) that no write has touched for a while; ``retention=`` runs it now and then from
+writes. A conversation's last activity is its newest row's ``stored_at`` or its newest
+history row's ``evicted_at``, whichever is later.
+
 Every write is one ``BEGIN IMMEDIATE`` transaction: it takes SQLite's write lock before
 reading anything, so writers in other threads and processes queue (for up to ``timeout``
 seconds) instead of racing, and none loses another's messages. Within one process, writers
@@ -27,6 +32,7 @@ readers never wait for the writer.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -34,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Collection, Hashable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import ClassVar, Final, Literal, Self
 
 from ..messages import ChatMessage, message_to_json
@@ -45,8 +51,10 @@ from ._common import (
     MessageCache,
     StoreSchemaError,
     check_appended,
+    check_retention,
     check_unique_ids,
     duplicate_id_error,
+    purge_interval,
     with_message_ids,
 )
 
@@ -55,6 +63,7 @@ __all__ = ["SqliteChatMemoryStore"]
 SCHEMA_VERSION: Final = 1
 """The schema this version writes; a file with a newer one is refused."""
 
+_log = logging.getLogger("aiservices.stores")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "memory_key, seq, message_id, turn_id, created_at, stored_at, message"
@@ -133,6 +142,13 @@ class SqliteChatMemoryStore:
     SQLite's durability setting (``"NORMAL"`` survives a crash of the application, ``"FULL"``
     also a power cut). Several stores, with different ``table`` names, may share one file.
 
+    ``retention`` (a ``timedelta``) deletes conversations idle for longer, history and all:
+    :meth:`purge_idle` runs when the store opens, then from the first write after
+    ``min(retention / 10, 1 hour)`` has passed since the last purge, in the writing thread
+    once its transaction has committed (a purge that fails is logged, and the write still
+    succeeds). Without it nothing is deleted by age; call :meth:`purge_idle` from a
+    scheduled job instead when no write may wait for a purge.
+
     Within a conversation every message has its own ``message_id``: ``update_messages``
     gives one to a message that has none, and a duplicate id is a ``ValueError``.
     """
@@ -148,6 +164,7 @@ class SqliteChatMemoryStore:
         table: str = "chat_messages",
         timeout: float = 30.0,
         synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL",
+        retention: timedelta | None = None,
     ) -> None:
         raw = os.fspath(path)
         if not isinstance(raw, str):
@@ -167,6 +184,7 @@ class SqliteChatMemoryStore:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        self.retention = check_retention(retention)
         self.path = raw
         self.keep_history = keep_history
         self.table = table
@@ -179,12 +197,17 @@ class SqliteChatMemoryStore:
         self._closed = False
         self._sql = _Statements(table)
         self._cache = MessageCache()
+        self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
         self._connection()  # opens the file and checks or creates the schema now
+        if self.retention is not None:
+            self._purge_by_retention()
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.path!r}, keep_history={self.keep_history!r}, "
-            f"table={self.table!r})"
+            f"table={self.table!r}"
+            + ("" if self.retention is None else f", retention={self.retention!r}")
+            + ")"
         )
 
     # -- connections -------------------------------------------------------------------
@@ -287,6 +310,8 @@ class SqliteChatMemoryStore:
                 self._evict(conn, key, list(removed))
             if appended:
                 self._append(conn, memory_id, key, appended, None)
+        if self.retention is not None and time.monotonic() >= self._next_purge:
+            self._purge_by_retention()
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -317,6 +342,8 @@ class SqliteChatMemoryStore:
                 start = 0
             if start < len(new):
                 self._append(conn, memory_id, key, new[start:], texts[start:])
+        if self.retention is not None and time.monotonic() >= self._next_purge:
+            self._purge_by_retention()
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Empty the window; with ``keep_history`` its messages stay in history, evicted."""
@@ -363,6 +390,47 @@ class SqliteChatMemoryStore:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(sql.delete_all, (key,))
             conn.execute(sql.forget_history, (key,))
+
+    # -- retention -----------------------------------------------------------------------
+
+    def purge_idle(self, older_than: timedelta) -> int:
+        """Delete every conversation idle for longer than ``older_than``; return how many.
+
+        A conversation is idle since its last write: the newest message stored, or the
+        newest eviction into history. Its window and its history go, as with
+        :meth:`forget`. One transaction; it reads every row's time, so on a large file run
+        it now and then, not every turn.
+        """
+        if not isinstance(older_than, timedelta):
+            raise TypeError(f"older_than must be a timedelta, got {type(older_than).__name__}")
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative, got {older_than!r}")
+        now = datetime.now(UTC)
+        cutoff = now - older_than
+        stored_before = cutoff.timestamp()
+        evicted_before = cutoff.isoformat(timespec="microseconds")
+        conn = self._connection()
+        sql = self._sql
+        with self._shared.write_lock, conn:
+            conn.execute("BEGIN IMMEDIATE")
+            keys = [
+                (key,) for (key,) in conn.execute(sql.idle_keys, (stored_before, evicted_before))
+            ]
+            if keys:
+                conn.executemany(sql.delete_all, keys)
+                conn.executemany(sql.forget_history, keys)
+        return len(keys)
+
+    def _purge_by_retention(self) -> None:
+        retention = self.retention
+        assert retention is not None
+        self._next_purge = time.monotonic() + purge_interval(retention)
+        try:
+            self.purge_idle(retention)
+        except sqlite3.Error as error:
+            # The write that got here has committed; a purge is housekeeping that the next
+            # interval retries, and must not make the caller believe its write failed.
+            _log.warning("%r: purging idle conversations failed: %s", self, error)
 
     def _parse(self, memory_id: Hashable, rows: Sequence[tuple[object, ...]]) -> list[ChatMessage]:
         # rows: (seq, message, ...)
@@ -427,6 +495,7 @@ class _Statements:
         "evict_all",
         "evict_one",
         "forget_history",
+        "idle_keys",
         "insert",
         "last_seq",
         "read",
@@ -484,6 +553,16 @@ class _Statements:
             f"FROM {table} WHERE memory_key = ?1"
         )
         self.forget_history = f"DELETE FROM {history} WHERE memory_key = ?"
+        # Keys whose newest write is older than both cut-offs: ?1 in unix seconds (stored_at),
+        # ?2 in ISO 8601 UTC (evicted_at, written in one format, so text order is time order).
+        self.idle_keys = (
+            "SELECT memory_key FROM ("
+            f"SELECT memory_key, max(stored_at) AS written, NULL AS evicted FROM {table} "
+            "GROUP BY memory_key UNION ALL "
+            f"SELECT memory_key, NULL, max(evicted_at) FROM {history} GROUP BY memory_key"
+            ") GROUP BY memory_key "
+            "HAVING coalesce(max(written), 0) < ?1 AND coalesce(max(evicted), '') < ?2"
+        )
 
 
 def _schema_version(conn: sqlite3.Connection, schema_table: str) -> int | None:
