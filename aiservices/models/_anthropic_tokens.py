@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from ..messages import (
     AiMessage,
@@ -13,6 +12,7 @@ from ..messages import (
     ToolExecutionResultMessage,
     UserMessage,
 )
+from ._sdk import LazyClient, client_options
 
 if TYPE_CHECKING:
     import anthropic
@@ -32,7 +32,7 @@ _PER_TOOL_CALL: Final = 8  # a tool_use block's framing around its name and inpu
 _CACHE_LIMIT: Final = 4096
 
 
-class AnthropicTokenCountEstimator:
+class AnthropicTokenCountEstimator(LazyClient["anthropic.Anthropic"]):
     """Counts tokens for Claude models, for a ``TokenWindowChatMemory``.
 
     By default the count is an offline *estimate* (Claude's tokenizer is not published):
@@ -61,12 +61,8 @@ class AnthropicTokenCountEstimator:
             raise ValueError("client= is only used with use_api=True; pass use_api=True too")
         self.model_name = model
         self.use_api = use_api
-        self._client = client
-        self._owns_client = client is None
-        self._api_key = _Secret(api_key) if api_key is not None else None
-        self._base_url = base_url
+        super().__init__(client, client_options(api_key, base_url=base_url))
         self._cache: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         mode = "api" if self.use_api else "offline"
@@ -107,37 +103,11 @@ class AnthropicTokenCountEstimator:
         self._cache[text] = count
         return count
 
-    def _sync_client(self) -> anthropic.Anthropic:
-        client = self._client
-        if client is None:
-            with self._lock:
-                client = self._client
-                if client is None:
-                    import anthropic
+    def _new_client(self) -> anthropic.Anthropic:
+        import anthropic
 
-                    options: dict[str, Any] = {}
-                    if self._api_key is not None:
-                        options["api_key"] = self._api_key.value
-                    if self._base_url is not None:
-                        options["base_url"] = self._base_url
-                    client = self._client = anthropic.Anthropic(**options)
-        return client
+        return anthropic.Anthropic(**self._connection_options())
 
     def close(self) -> None:
         """Close the SDK client this estimator made, if any."""
-        client = self._client
-        if client is not None and self._owns_client:
-            self._client = None
-            client.close()
-
-
-class _Secret:
-    """Holds a key so that no repr, log line or traceback of ours shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "'**********'"
+        self._close_client()

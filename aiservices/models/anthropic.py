@@ -7,11 +7,8 @@ Errors are the SDK's own (``anthropic.AuthenticationError``, ``anthropic.RateLim
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 import re
-import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -29,6 +26,20 @@ from ..messages import (
 )
 from . import ChatRequest, ChatResponse, ResponseFormat, TokenUsage, ToolSpecification
 from ._anthropic_tokens import AnthropicTokenCountEstimator
+from ._sdk import (
+    SdkChatModel,
+    cached,
+    cached_each,
+    check_choice,
+    check_clients,
+    check_model_name,
+    check_sampling,
+    check_transport,
+    client_options,
+    create_keywords,
+    merge_extra,
+    plain,
+)
 
 if TYPE_CHECKING:
     # The SDK takes httpx or httpx2 clients; neither is imported unless a caller made one.
@@ -51,16 +62,16 @@ _STOP_REASONS: Final[Mapping[str, str]] = {
 
 # Keys that create() takes as keyword arguments; anything else (temperature, top_k, ... in
 # SDK versions without them, or server-specific options) travels in extra_body.
-_CREATE_KWARGS: Final = frozenset(inspect.signature(Messages.create).parameters) - {"self"}
+_CREATE_KWARGS: Final = create_keywords(Messages.create)
 
+_SDK: Final = (anthropic.Anthropic, anthropic.AsyncAnthropic)
 _STRUCTURED_OUTPUT_MODES: Final = ("tool", "native", "off")
 _OUTPUT_TOOL_DESCRIPTION: Final = (
     "Give your final answer by calling this tool; its input is the answer."
 )
-_CACHE_LIMIT: Final = 512
 
 
-class AnthropicChatModel:
+class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthropic]):
     """A chat model served by Anthropic's Messages API.
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (the SDK's own credential lookup applies).
@@ -97,151 +108,65 @@ class AnthropicChatModel:
         http_client: httpx.Client | httpx2.Client | None = None,
         async_http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
     ) -> None:
-        if not isinstance(model, str) or not model.strip():
+        check_model_name(model, "claude-sonnet-4-6")
+        check_sampling(temperature, top_p)
+        if top_k is not None and not (isinstance(top_k, int) and top_k > 0):
+            raise ValueError(f"top_k must be a positive int, not {top_k!r}")
+        if not (
+            isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+        ):
             raise ValueError(
-                f"model must be a non-empty model name such as 'claude-sonnet-4-6', not {model!r}"
+                f"max_tokens must be a positive int (the API requires a cap), not {max_tokens!r}"
             )
-        _check_options(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_tokens=max_tokens,
-            max_retries=max_retries,
-            timeout=timeout,
+        check_transport(max_retries, timeout)
+        check_choice("structured_output", structured_output, _STRUCTURED_OUTPUT_MODES)
+        check_clients(
+            _SDK,
+            client,
+            async_client,
+            {
+                "api_key": api_key,
+                "base_url": base_url,
+                "timeout": timeout,
+                "max_retries": max_retries,
+                "default_headers": default_headers,
+                "http_client": http_client,
+                "async_http_client": async_http_client,
+            },
         )
-        if structured_output not in _STRUCTURED_OUTPUT_MODES:
-            raise ValueError(
-                f"structured_output must be one of {_STRUCTURED_OUTPUT_MODES}, "
-                f"not {structured_output!r}"
-            )
-        if client is not None and not isinstance(client, anthropic.Anthropic):
-            raise TypeError(f"client must be an anthropic.Anthropic, not {type(client).__name__}")
-        if async_client is not None and not isinstance(async_client, anthropic.AsyncAnthropic):
-            raise TypeError(
-                "async_client must be an anthropic.AsyncAnthropic, "
-                f"not {type(async_client).__name__}"
-            )
-        connection = {
-            "api_key": api_key,
-            "base_url": base_url,
-            "timeout": timeout,
-            "max_retries": max_retries,
-            "default_headers": default_headers,
-            "http_client": http_client,
-            "async_http_client": async_http_client,
-        }
-        if client is not None and async_client is not None:
-            unused = [name for name, value in connection.items() if value is not None]
-            if unused:
-                raise ValueError(
-                    f"{', '.join(unused)} would go unused: client= and async_client= are "
-                    "both given, so set these on those clients instead"
-                )
         self.model_name = model
         if base_url is None and client is not None:
             base_url = str(client.base_url)
-        self._base_url = base_url
-        options: dict[str, Any] = {}
         if api_key is None and client is not None and client.api_key:
             api_key = client.api_key  # the async client follows a handed-in sync client
-        if api_key is not None:
-            options["api_key"] = _Secret(api_key)
-        for name in ("base_url", "timeout", "max_retries"):
-            value = base_url if name == "base_url" else connection[name]
-            if value is None and client is not None:
-                value = getattr(client, name, None)
-            if value is not None:
-                options[name] = value
-        if default_headers is not None:
-            options["default_headers"] = default_headers
-        self._client_options = options
-        self._http_client: Any = http_client
-        self._async_http_client: Any = async_http_client
-        self._client = client
-        self._owns_client = client is None
-        self._given_async_client = async_client
-        self._async_clients: dict[asyncio.AbstractEventLoop, anthropic.AsyncAnthropic] = {}
-        self._lock = threading.Lock()
+        options = client_options(
+            api_key,
+            client,
+            default_headers=default_headers,
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+        super().__init__(
+            _SDK,
+            client,
+            async_client,
+            base_url=base_url,
+            options=options,
+            http_client=http_client,
+            async_http_client=async_http_client,
+        )
 
         defaults: dict[str, Any] = {"max_tokens": max_tokens}
         for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k)):
             if value is not None:
                 _put(defaults, name, value)
         if extra:
-            _merge_extra(defaults, extra)
+            merge_extra(defaults, extra, _CREATE_KWARGS)
         self._defaults = defaults
         self._structured_output = structured_output
         self._tool_cache: dict[int, tuple[ToolSpecification, dict[str, Any]]] = {}
         self._schema_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
-
-    def __repr__(self) -> str:
-        where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
-        return f"{type(self).__name__}(model={self.model_name!r}{where})"
-
-    # -- clients ---------------------------------------------------------------------------
-
-    def _sync_client(self) -> anthropic.Anthropic:
-        client = self._client
-        if client is None:
-            with self._lock:
-                client = self._client
-                if client is None:
-                    client = self._client = anthropic.Anthropic(
-                        **self._connection_options(), http_client=self._http_client
-                    )
-        return client
-
-    def _async_client(self) -> anthropic.AsyncAnthropic:
-        if self._given_async_client is not None:
-            return self._given_async_client
-        # One client per event loop: an async connection pool cannot outlive the loop it was
-        # made in, and users do call asyncio.run() more than once. Clients of loops that
-        # have closed are dropped (they cannot be closed any more).
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            with self._lock:
-                clients = self._async_clients
-                for old in [old for old in clients if old.is_closed()]:
-                    del clients[old]
-                client = clients.get(loop)
-                if client is None:
-                    client = clients[loop] = anthropic.AsyncAnthropic(
-                        **self._connection_options(), http_client=self._async_http_client
-                    )
-        return client
-
-    def _connection_options(self) -> dict[str, Any]:
-        options = dict(self._client_options)
-        if "api_key" in options:
-            options["api_key"] = options["api_key"].value
-        return options
-
-    def close(self) -> None:
-        """Close the sync SDK client this model made (one handed in is left open)."""
-        client = self._client
-        if client is not None and self._owns_client:
-            self._client = None
-            client.close()
-
-    async def aclose(self) -> None:
-        """Close the SDK clients this model made: the sync one and this event loop's async one."""
-        self.close()
-        client = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
-
-    def __enter__(self) -> AnthropicChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> AnthropicChatModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     # -- the ChatModel protocol ------------------------------------------------------------
 
@@ -288,13 +213,13 @@ class AnthropicChatModel:
     # -- request mapping -------------------------------------------------------------------
 
     def _request(self, request: ChatRequest) -> tuple[dict[str, Any], str | None]:
-        kwargs = dict(self._defaults)  # _put() and _merge_extra() copy what they change
+        kwargs = dict(self._defaults)  # _put() and merge_extra() copy what they change
         system, messages = _to_anthropic_messages(request.messages)
         kwargs["model"] = self.model_name
         kwargs["messages"] = messages
         if system is not None:
             kwargs["system"] = system
-        tools = [self._tool(spec) for spec in request.tools]
+        tools = cached_each(self._tool_cache, request.tools, _to_anthropic_tool)
         output_tool: str | None = None
         fmt = request.response_format
         if fmt is not None and self._structured_output != "off":
@@ -330,32 +255,11 @@ class AnthropicChatModel:
         if p.stop_sequences:
             kwargs["stop_sequences"] = list(p.stop_sequences)
         if p.extra:
-            _merge_extra(kwargs, p.extra)
+            merge_extra(kwargs, p.extra, _CREATE_KWARGS)
         return kwargs, output_tool
 
-    def _tool(self, spec: ToolSpecification) -> dict[str, Any]:
-        # Services hand the same specification objects on every call: convert each once.
-        cached = self._tool_cache.get(id(spec))
-        if cached is not None and cached[0] is spec:
-            return cached[1]
-        param: dict[str, Any] = {"name": spec.name}
-        if spec.description:
-            param["description"] = spec.description
-        param["input_schema"] = _plain(spec.parameters)
-        if len(self._tool_cache) >= _CACHE_LIMIT:
-            self._tool_cache.clear()
-        self._tool_cache[id(spec)] = (spec, param)
-        return param
-
     def _schema(self, fmt: ResponseFormat) -> dict[str, Any]:
-        cached = self._schema_cache.get(id(fmt))
-        if cached is not None and cached[0] is fmt:
-            return cached[1]
-        schema: dict[str, Any] = _plain(fmt.schema)
-        if len(self._schema_cache) >= _CACHE_LIMIT:
-            self._schema_cache.clear()
-        self._schema_cache[id(fmt)] = (fmt, schema)
-        return schema
+        return cached(self._schema_cache, fmt, _input_schema)
 
 
 # -- request mapping helpers -----------------------------------------------------------------
@@ -405,6 +309,19 @@ def _to_anthropic_messages(
     return ("\n\n".join(system) if system else None), turns
 
 
+def _to_anthropic_tool(spec: ToolSpecification) -> dict[str, Any]:
+    param: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        param["description"] = spec.description
+    param["input_schema"] = plain(spec.parameters)
+    return param
+
+
+def _input_schema(fmt: ResponseFormat) -> dict[str, Any]:
+    schema: dict[str, Any] = plain(fmt.schema)
+    return schema
+
+
 def _tool_results_first(block: Mapping[str, Any]) -> int:
     return 0 if block["type"] == "tool_result" else 1
 
@@ -437,29 +354,12 @@ def _output_tool_name(fmt: ResponseFormat, tools: Sequence[ToolSpecification]) -
     return name
 
 
-def _plain(value: Any) -> Any:
-    # Schemas may arrive as read-only mappings; the SDK serialises plain dicts and lists.
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _put(kwargs: dict[str, Any], key: str, value: Any) -> None:
     if key in _CREATE_KWARGS:
         kwargs[key] = value
     else:
         body = kwargs.get("extra_body")
         kwargs["extra_body"] = {**body, key: value} if body else {key: value}
-
-
-def _merge_extra(kwargs: dict[str, Any], extra: Mapping[str, Any]) -> None:
-    for key, value in extra.items():
-        if key == "extra_body":
-            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), **value}
-        else:
-            _put(kwargs, key, value)
 
 
 # -- response mapping ----------------------------------------------------------------------
@@ -589,50 +489,3 @@ class _StreamAccumulator:
             else None
         )
         return ChatResponse(AiMessage(text, requests), usage, finish)
-
-
-# -- small helpers ---------------------------------------------------------------------------
-
-
-class _Secret:
-    """Holds a key so that no repr, log line or traceback of ours shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "'**********'"
-
-
-def _redact_url(url: str) -> str:
-    # A base URL may carry credentials (https://user:secret@host).
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
-def _check_options(
-    *,
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    max_tokens: int,
-    max_retries: int | None,
-    timeout: object,
-) -> None:
-    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
-        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
-    if top_p is not None and not (isinstance(top_p, int | float) and 0 <= top_p <= 1):
-        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
-    if top_k is not None and not (isinstance(top_k, int) and top_k > 0):
-        raise ValueError(f"top_k must be a positive int, not {top_k!r}")
-    if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0):
-        raise ValueError(
-            f"max_tokens must be a positive int (the API requires a cap), not {max_tokens!r}"
-        )
-    if max_retries is not None and not (
-        isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0
-    ):
-        raise ValueError(f"max_retries must be an int >= 0, not {max_retries!r}")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")

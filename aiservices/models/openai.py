@@ -7,11 +7,8 @@ It serves OpenAI itself and any server that speaks the same API (Ollama, vLLM, L
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
 import re
-import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -29,6 +26,20 @@ from ..messages import (
     UserMessage,
 )
 from . import ChatRequest, ChatResponse, ResponseFormat, TokenUsage, ToolSpecification
+from ._sdk import (
+    SdkChatModel,
+    cached,
+    cached_each,
+    check_choice,
+    check_clients,
+    check_model_name,
+    check_sampling,
+    check_transport,
+    client_options,
+    create_keywords,
+    merge_extra,
+    plain,
+)
 
 if TYPE_CHECKING:
     # The SDK takes httpx or httpx2 clients; neither is imported unless a caller made one.
@@ -51,13 +62,13 @@ _FINISH_REASONS: Final[Mapping[str, str]] = {
 # Keys of ChatRequestParameters.extra that create() takes as keyword arguments; every other
 # key goes into the request body through extra_body, so server-specific options (vLLM's
 # top_k, Ollama's options) work without the SDK knowing them.
-_CREATE_KWARGS: Final = frozenset(inspect.signature(Completions.create).parameters) - {"self"}
+_CREATE_KWARGS: Final = create_keywords(Completions.create)
 
+_SDK: Final = (openai.OpenAI, openai.AsyncOpenAI)
 _STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "off")
-_CACHE_LIMIT: Final = 512
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
     """A chat model served by OpenAI's Chat Completions API or an OpenAI-compatible server.
 
     ``api_key`` defaults to ``OPENAI_API_KEY``; with ``base_url`` set and no key anywhere, a
@@ -95,44 +106,36 @@ class OpenAIChatModel:
         http_client: httpx.Client | httpx2.Client | None = None,
         async_http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
     ) -> None:
-        _check_model_name(model)
-        _check_options(temperature, top_p, max_tokens, max_retries, timeout)
-        if structured_output not in _STRUCTURED_OUTPUT_MODES:
-            raise ValueError(
-                f"structured_output must be one of {_STRUCTURED_OUTPUT_MODES}, "
-                f"not {structured_output!r}"
-            )
-        if client is not None and not isinstance(client, openai.OpenAI):
-            raise TypeError(f"client must be an openai.OpenAI, not {type(client).__name__}")
-        if async_client is not None and not isinstance(async_client, openai.AsyncOpenAI):
-            raise TypeError(
-                f"async_client must be an openai.AsyncOpenAI, not {type(async_client).__name__}"
-            )
-        connection = {
-            "api_key": api_key,
-            "base_url": base_url,
-            "timeout": timeout,
-            "max_retries": max_retries,
-            "organization": organization,
-            "project": project,
-            "default_headers": default_headers,
-            "http_client": http_client,
-            "async_http_client": async_http_client,
-        }
-        if client is not None and async_client is not None:
-            unused = [name for name, value in connection.items() if value is not None]
-            if unused:
-                raise ValueError(
-                    f"{', '.join(unused)} would go unused: client= and async_client= are "
-                    "both given, so set these on those clients instead"
-                )
+        check_model_name(model, "gpt-4o-mini")
+        check_sampling(temperature, top_p)
+        if max_tokens is not None and not (
+            isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
+        ):
+            raise ValueError(f"max_tokens must be a positive int, not {max_tokens!r}")
+        check_transport(max_retries, timeout)
+        check_choice("structured_output", structured_output, _STRUCTURED_OUTPUT_MODES)
+        check_clients(
+            _SDK,
+            client,
+            async_client,
+            {
+                "api_key": api_key,
+                "base_url": base_url,
+                "timeout": timeout,
+                "max_retries": max_retries,
+                "organization": organization,
+                "project": project,
+                "default_headers": default_headers,
+                "http_client": http_client,
+                "async_http_client": async_http_client,
+            },
+        )
         self.model_name = model
         # The URL requests go to: ours, else a handed-in client's, else the SDK's default.
         if base_url is None and client is not None:
             base_url = str(client.base_url)
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        self._base_url = base_url
-        self._client_options: dict[str, Any] = {}
+        options: dict[str, Any] = {}  # with both clients handed in, none is ever made
         if async_client is None or client is None:
             key = api_key
             if key is None and client is not None and isinstance(client.api_key, str):
@@ -145,23 +148,25 @@ class OpenAIChatModel:
                         "(for a local OpenAI-compatible server, pass base_url=...)"
                     )
                 key = LOCAL_SERVER_API_KEY
-            options: dict[str, Any] = {"api_key": _Secret(key)}
-            for name in ("base_url", "timeout", "max_retries", "organization", "project"):
-                value = base_url if name == "base_url" else connection[name]
-                if value is None and client is not None:
-                    value = getattr(client, name, None)
-                if value is not None:
-                    options[name] = value
-            if default_headers is not None:
-                options["default_headers"] = default_headers
-            self._client_options = options
-        self._http_client: Any = http_client
-        self._async_http_client: Any = async_http_client
-        self._client = client
-        self._owns_client = client is None
-        self._given_async_client = async_client
-        self._async_clients: dict[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = {}
-        self._lock = threading.Lock()
+            options = client_options(
+                key,
+                client,
+                default_headers=default_headers,
+                base_url=base_url,
+                timeout=timeout,
+                max_retries=max_retries,
+                organization=organization,
+                project=project,
+            )
+        super().__init__(
+            _SDK,
+            client,
+            async_client,
+            base_url=base_url,
+            options=options,
+            http_client=http_client,
+            async_http_client=async_http_client,
+        )
 
         defaults: dict[str, Any] = {}
         if temperature is not None:
@@ -173,80 +178,12 @@ class OpenAIChatModel:
         if max_tokens is not None:
             defaults[self._max_tokens_key] = max_tokens
         if extra:
-            _merge_extra(defaults, extra)
+            merge_extra(defaults, extra, _CREATE_KWARGS)
         self._defaults = defaults
         self._structured_output = structured_output == "json_schema"
         self._stream_options = {"include_usage": True} if stream_usage else None
         self._tool_cache: dict[int, tuple[ToolSpecification, dict[str, Any]]] = {}
         self._format_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
-
-    def __repr__(self) -> str:
-        where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
-        return f"{type(self).__name__}(model={self.model_name!r}{where})"
-
-    # -- clients ---------------------------------------------------------------------------
-
-    def _sync_client(self) -> openai.OpenAI:
-        client = self._client
-        if client is None:
-            with self._lock:
-                client = self._client
-                if client is None:
-                    client = self._client = openai.OpenAI(
-                        **self._connection_options(), http_client=self._http_client
-                    )
-        return client
-
-    def _async_client(self) -> openai.AsyncOpenAI:
-        if self._given_async_client is not None:
-            return self._given_async_client
-        # One client per event loop: an async connection pool cannot outlive the loop it was
-        # made in, and users do call asyncio.run() more than once. Clients of loops that
-        # have closed are dropped (they cannot be closed any more).
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            with self._lock:
-                clients = self._async_clients
-                for old in [old for old in clients if old.is_closed()]:
-                    del clients[old]
-                client = clients.get(loop)
-                if client is None:
-                    client = clients[loop] = openai.AsyncOpenAI(
-                        **self._connection_options(), http_client=self._async_http_client
-                    )
-        return client
-
-    def _connection_options(self) -> dict[str, Any]:
-        options = dict(self._client_options)
-        options["api_key"] = options["api_key"].value
-        return options
-
-    def close(self) -> None:
-        """Close the sync SDK client this model made (one handed in is left open)."""
-        client = self._client
-        if client is not None and self._owns_client:
-            self._client = None
-            client.close()
-
-    async def aclose(self) -> None:
-        """Close the SDK clients this model made: the sync one and this event loop's async one."""
-        self.close()
-        client = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
-
-    def __enter__(self) -> OpenAIChatModel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> OpenAIChatModel:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     # -- the ChatModel protocol ------------------------------------------------------------
 
@@ -290,9 +227,11 @@ class OpenAIChatModel:
         kwargs["model"] = self.model_name
         kwargs["messages"] = _to_openai_messages(request.messages)
         if request.tools:
-            kwargs["tools"] = [self._tool(spec) for spec in request.tools]
+            kwargs["tools"] = cached_each(self._tool_cache, request.tools, _to_openai_tool)
         if request.response_format is not None and self._structured_output:
-            kwargs["response_format"] = self._response_format(request.response_format)
+            kwargs["response_format"] = cached(
+                self._format_cache, request.response_format, _to_openai_response_format
+            )
         p = request.parameters
         if p.temperature is not None:
             kwargs["temperature"] = p.temperature
@@ -307,29 +246,8 @@ class OpenAIChatModel:
             if self._stream_options is not None:
                 kwargs["stream_options"] = self._stream_options
         if p.extra:
-            _merge_extra(kwargs, p.extra)
+            merge_extra(kwargs, p.extra, _CREATE_KWARGS)
         return kwargs
-
-    def _tool(self, spec: ToolSpecification) -> dict[str, Any]:
-        # Services hand the same specification objects on every call: convert each once.
-        cached = self._tool_cache.get(id(spec))
-        if cached is not None and cached[0] is spec:
-            return cached[1]
-        param = _to_openai_tool(spec)
-        if len(self._tool_cache) >= _CACHE_LIMIT:
-            self._tool_cache.clear()
-        self._tool_cache[id(spec)] = (spec, param)
-        return param
-
-    def _response_format(self, fmt: ResponseFormat) -> dict[str, Any]:
-        cached = self._format_cache.get(id(fmt))
-        if cached is not None and cached[0] is fmt:
-            return cached[1]
-        param = _to_openai_response_format(fmt)
-        if len(self._format_cache) >= _CACHE_LIMIT:
-            self._format_cache.clear()
-        self._format_cache[id(fmt)] = (fmt, param)
-        return param
 
 
 # -- request mapping helpers -----------------------------------------------------------------
@@ -383,7 +301,7 @@ def _participant_name(name: str) -> str:
 
 def _to_openai_tool(spec: ToolSpecification) -> dict[str, Any]:
     """A function tool; ``strict`` is set when the schema meets the strict-mode rules."""
-    parameters = _plain(spec.parameters)
+    parameters = plain(spec.parameters)
     function: dict[str, Any] = {"name": spec.name}
     if spec.description:
         function["description"] = spec.description
@@ -399,7 +317,7 @@ def _to_openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
         "type": "json_schema",
         "json_schema": {
             "name": _schema_name(fmt.name),
-            "schema": _plain(fmt.schema),
+            "schema": plain(fmt.schema),
             "strict": bool(fmt.strict),
         },
     }
@@ -407,15 +325,6 @@ def _to_openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
 
 def _schema_name(name: str) -> str:
     return _NAME_BAD_CHARS.sub("_", name)[:64] or "response"
-
-
-def _plain(value: Any) -> Any:
-    # Schemas may arrive as read-only mappings; the SDK serialises plain dicts and lists.
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 # OpenAI's strict structured outputs accept a subset of JSON Schema.
@@ -489,21 +398,6 @@ def _strict(node: Any) -> bool:
         ):
             return False
     return True
-
-
-def _merge_extra(kwargs: dict[str, Any], extra: Mapping[str, Any]) -> None:
-    body: dict[str, Any] | None = None
-    for key, value in extra.items():
-        if key == "extra_body":
-            body = {**(body or kwargs.get("extra_body") or {}), **value}
-        elif key in _CREATE_KWARGS:
-            kwargs[key] = value
-        else:
-            if body is None:
-                body = dict(kwargs.get("extra_body") or {})
-            body[key] = value
-    if body is not None:
-        kwargs["extra_body"] = body
 
 
 # -- response mapping ----------------------------------------------------------------------
@@ -619,53 +513,3 @@ class _StreamAccumulator:
             TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
             _FINISH_REASONS.get(reason, reason) if reason is not None else None,
         )
-
-
-# -- small helpers ---------------------------------------------------------------------------
-
-
-class _Secret:
-    """Holds a key so that no repr, log line or traceback of ours shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "'**********'"
-
-
-def _redact_url(url: str) -> str:
-    # A base URL may carry credentials (https://user:secret@host/v1).
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
-def _check_model_name(model: object) -> None:
-    if not isinstance(model, str) or not model.strip():
-        raise ValueError(
-            f"model must be a non-empty model name such as 'gpt-4o-mini', not {model!r}"
-        )
-
-
-def _check_options(
-    temperature: float | None,
-    top_p: float | None,
-    max_tokens: int | None,
-    max_retries: int | None,
-    timeout: object,
-) -> None:
-    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
-        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
-    if top_p is not None and not (isinstance(top_p, int | float) and 0 <= top_p <= 1):
-        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
-    if max_tokens is not None and not (
-        isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens > 0
-    ):
-        raise ValueError(f"max_tokens must be a positive int, not {max_tokens!r}")
-    if max_retries is not None and not (
-        isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0
-    ):
-        raise ValueError(f"max_retries must be an int >= 0, not {max_retries!r}")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")

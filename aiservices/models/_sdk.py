@@ -1,0 +1,320 @@
+"""What the adapters on provider SDKs share: client lifetimes, connection options, checks.
+
+Nothing here imports an SDK: each adapter module imports its own and hands its client
+classes in, so this module stays importable without either installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, Generic, Protocol, Self, TypeVar
+
+__all__ = [
+    "LazyClient",
+    "SdkChatModel",
+    "Secret",
+    "cached",
+    "cached_each",
+    "check_choice",
+    "check_clients",
+    "check_model_name",
+    "check_sampling",
+    "check_transport",
+    "client_options",
+    "create_keywords",
+    "merge_extra",
+    "plain",
+]
+
+_CACHE_LIMIT: Final = 512
+"""How many converted tools or schemas a model keeps before it starts its cache afresh."""
+
+
+class _SyncClient(Protocol):
+    def close(self) -> None: ...
+
+
+class _AsyncClient(Protocol):
+    async def close(self) -> None: ...
+
+
+SyncT = TypeVar("SyncT", bound=_SyncClient)
+AsyncT = TypeVar("AsyncT", bound=_AsyncClient)
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Secret:
+    """Holds a key so that no repr, log line or traceback of ours shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "'**********'"
+
+
+class LazyClient(Generic[SyncT]):
+    """Owns a sync SDK client made on first use; one handed in is used but never closed."""
+
+    def __init__(self, client: SyncT | None, options: dict[str, Any]) -> None:
+        self._client = client
+        self._owns_client = client is None
+        self._client_options = options  # the key in it stays wrapped in a Secret
+        self._lock = threading.Lock()
+
+    def _new_client(self) -> SyncT:
+        """A new sync SDK client, made from :meth:`_connection_options`."""
+        raise NotImplementedError
+
+    def _sync_client(self) -> SyncT:
+        client = self._client
+        if client is None:
+            with self._lock:
+                client = self._client
+                if client is None:
+                    client = self._client = self._new_client()
+        return client
+
+    def _connection_options(self) -> dict[str, Any]:
+        options = dict(self._client_options)
+        if "api_key" in options:
+            options["api_key"] = options["api_key"].value
+        return options
+
+    def _close_client(self) -> None:
+        client = self._client
+        if client is not None and self._owns_client:
+            self._client = None
+            client.close()
+
+
+class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
+    """A chat model's SDK clients: a lazy sync one and one async one per event loop."""
+
+    model_name: str
+
+    def __init__(
+        self,
+        sdk: tuple[Callable[..., SyncT], Callable[..., AsyncT]],
+        client: SyncT | None,
+        async_client: AsyncT | None,
+        *,
+        base_url: str | None,
+        options: dict[str, Any],
+        http_client: Any,
+        async_http_client: Any,
+    ) -> None:
+        super().__init__(client, options)
+        self._sdk = sdk
+        self._base_url = base_url
+        self._http_client = http_client
+        self._async_http_client = async_http_client
+        self._given_async_client = async_client
+        self._async_clients: dict[asyncio.AbstractEventLoop, AsyncT] = {}
+
+    def __repr__(self) -> str:
+        where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
+        return f"{type(self).__name__}(model={self.model_name!r}{where})"
+
+    def _new_client(self) -> SyncT:
+        return self._sdk[0](**self._connection_options(), http_client=self._http_client)
+
+    def _async_client(self) -> AsyncT:
+        if self._given_async_client is not None:
+            return self._given_async_client
+        # One client per event loop: an async connection pool cannot outlive the loop it was
+        # made in, and users do call asyncio.run() more than once. Clients of loops that
+        # have closed are dropped (they cannot be closed any more).
+        loop = asyncio.get_running_loop()
+        client = self._async_clients.get(loop)
+        if client is None:
+            with self._lock:
+                clients = self._async_clients
+                for old in [old for old in clients if old.is_closed()]:
+                    del clients[old]
+                client = clients.get(loop)
+                if client is None:
+                    client = clients[loop] = self._sdk[1](
+                        **self._connection_options(), http_client=self._async_http_client
+                    )
+        return client
+
+    def close(self) -> None:
+        """Close the sync SDK client this model made (one handed in is left open)."""
+        self._close_client()
+
+    async def aclose(self) -> None:
+        """Close the SDK clients this model made: the sync one and this event loop's async one."""
+        self.close()
+        client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _redact_url(url: str) -> str:
+    # A base URL may carry credentials (https://user:secret@host/v1).
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+# -- constructor checks ----------------------------------------------------------------------
+
+
+def check_model_name(model: object, example: str) -> None:
+    """Reject a model name that is not a non-empty string."""
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"model must be a non-empty model name such as {example!r}, not {model!r}")
+
+
+def check_sampling(temperature: float | None, top_p: float | None) -> None:
+    """Reject a default ``temperature`` or ``top_p`` out of range."""
+    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
+    if top_p is not None and not (isinstance(top_p, int | float) and 0 <= top_p <= 1):
+        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
+
+
+def check_transport(max_retries: int | None, timeout: object) -> None:
+    """Reject a negative ``max_retries`` or a numeric ``timeout`` that is not positive."""
+    if max_retries is not None and not (
+        isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0
+    ):
+        raise ValueError(f"max_retries must be an int >= 0, not {max_retries!r}")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Reject an option value that is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, not {value!r}")
+
+
+def check_clients(
+    sdk: tuple[type, type],
+    client: object,
+    async_client: object,
+    connection: Mapping[str, object],
+) -> None:
+    """Reject handed-in clients of the wrong SDK class, and settings both of them make moot."""
+    for name, value, kind in (("client", client, sdk[0]), ("async_client", async_client, sdk[1])):
+        if value is not None and not isinstance(value, kind):
+            # Named as users import it: openai.OpenAI, not openai._client.OpenAI.
+            package = kind.__module__.partition(".")[0]
+            raise TypeError(
+                f"{name} must be an {package}.{kind.__name__}, not {type(value).__name__}"
+            )
+    if client is not None and async_client is not None:
+        unused = [name for name, value in connection.items() if value is not None]
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)} would go unused: client= and async_client= are "
+                "both given, so set these on those clients instead"
+            )
+
+
+def client_options(
+    api_key: str | None,
+    client: object = None,
+    *,
+    default_headers: Mapping[str, str] | None = None,
+    **settings: object,
+) -> dict[str, Any]:
+    """Keyword arguments for the SDK clients a model makes, the key wrapped in a :class:`Secret`.
+
+    A setting left ``None`` is taken from the handed-in sync ``client``, if any, so the
+    clients made beside it talk to the same server the same way.
+    """
+    options: dict[str, Any] = {} if api_key is None else {"api_key": Secret(api_key)}
+    for name, given in settings.items():
+        value = getattr(client, name, None) if given is None and client is not None else given
+        if value is not None:
+            options[name] = value
+    if default_headers is not None:
+        options["default_headers"] = default_headers
+    return options
+
+
+# -- request mapping -------------------------------------------------------------------------
+
+
+def create_keywords(create: Callable[..., object]) -> frozenset[str]:
+    """The keyword arguments an SDK's ``create()`` method takes."""
+    return frozenset(inspect.signature(create).parameters) - {"self"}
+
+
+def merge_extra(kwargs: dict[str, Any], extra: Mapping[str, Any], keywords: frozenset[str]) -> None:
+    """Merge ``extra`` into ``kwargs``: ``keywords`` as they are, other keys into ``extra_body``.
+
+    The ``extra_body`` already in ``kwargs`` is copied, never changed: it may be shared.
+    """
+    body: dict[str, Any] | None = None
+    for key, value in extra.items():
+        if key == "extra_body":
+            body = {**(body or kwargs.get("extra_body") or {}), **value}
+        elif key in keywords:
+            kwargs[key] = value
+        else:
+            if body is None:
+                body = dict(kwargs.get("extra_body") or {})
+            body[key] = value
+    if body is not None:
+        kwargs["extra_body"] = body
+
+
+def cached(cache: dict[int, tuple[K, V]], key: K, convert: Callable[[K], V]) -> V:
+    """``convert(key)``, worked out once per ``key`` object while it stays in ``cache``."""
+    # Services hand the same specification objects on every call: convert each once.
+    hit = cache.get(id(key))
+    if hit is not None and hit[0] is key:
+        return hit[1]
+    return _convert(cache, key, convert)
+
+
+def cached_each(
+    cache: dict[int, tuple[K, V]], keys: Iterable[K], convert: Callable[[K], V]
+) -> list[V]:
+    """:func:`cached` for each of ``keys``, in order."""
+    # The hit test is inlined: this runs for every tool of every request.
+    out: list[V] = []
+    append = out.append
+    for key in keys:
+        hit = cache.get(id(key))
+        append(hit[1] if hit is not None and hit[0] is key else _convert(cache, key, convert))
+    return out
+
+
+def _convert(cache: dict[int, tuple[K, V]], key: K, convert: Callable[[K], V]) -> V:
+    value = convert(key)
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[id(key)] = (key, value)
+    return value
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every mapping made a dict and every list or tuple a list, recursively."""
+    # Schemas may arrive as read-only mappings; the SDKs serialise plain dicts and lists.
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
