@@ -243,14 +243,10 @@ def _request_base(
     The model always sees the system message first, wherever the memory keeps it; a new or
     changed one replaces the old one.
     """
-    position = -1
-    if history and type(history[0]) is not SystemMessage:
-        for i, message in enumerate(history):
-            if type(message) is SystemMessage:
-                position = i
-                break
-    elif history:
-        position = 0
+    try:
+        position = list(map(type, history)).index(SystemMessage)  # a C-speed scan
+    except ValueError:
+        position = -1
     if system_text is None or (position >= 0 and history[position].text == system_text):
         if position <= 0:
             return list(history), None

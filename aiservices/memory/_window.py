@@ -23,7 +23,7 @@ import enum
 import operator
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeAlias, TypeVar
 
 from ..messages import (
     AiMessage,
@@ -184,12 +184,18 @@ class WindowChatMemory:
         # Costs of the messages the last add evicted, kept for calibration only: the request
         # it observes held them, and the store no longer does.
         self._gone: dict[object, int] | None = None
+        # Costs the fast add path counted before handing a batch to the general one, by
+        # id() of the message: each message is counted once.
+        self._counted: dict[int, int] = {}
         if self._calibrate:
             self._gone = {}
             # Only a calibrating memory wraps its _trim: the others pay nothing per add.
             self._trim = self._trim_keeping_costs  # type: ignore[method-assign]
 
     # What a subclass supplies.
+
+    # A cost every message has (a message window's 1), so hot paths need not ask _cost.
+    _unit_cost: ClassVar[int | None] = None
 
     def _cost(self, message: ChatMessage) -> int:
         raise NotImplementedError
@@ -492,6 +498,74 @@ class WindowChatMemory:
 
     def _stage(self, messages: Sequence[ChatMessage], state: _State, limit: int) -> _Write | None:
         """Apply an add to ``state`` and return the store write it needs (``None``: none)."""
+        if not state.pending and not state.rewrite and self._apply is not None:
+            plain = self._stage_plain(messages, state, limit)
+            if plain is not None:
+                return plain
+        return self._stage_any(messages, state, limit)
+
+    def _stage_plain(
+        self, messages: Sequence[ChatMessage], state: _State, limit: int
+    ) -> _Write | None:
+        """The common add, fast: user and AI messages without tools, each with a new id,
+        into a window whose front is plain messages too.
+
+        ``None`` when anything is less simple; :meth:`_stage_any` then handles the add.
+        Nothing changes before the checks pass.
+        """
+        if self._whole_turns or self._gone is not None:
+            return None
+        known = state.known
+        ids: list[str] = []
+        for m in messages:
+            if not _plain(m):
+                return None
+            mid = m.message_id
+            if mid is None or mid in known:
+                return None
+            ids.append(mid)
+        if len(ids) > 1 and len(set(ids)) < len(ids):
+            return None
+        unit = self._unit_cost
+        if unit is None:
+            cost = self._cost
+            costs = [cost(m) for m in messages]  # may raise: nothing has changed yet
+        else:
+            costs = [unit] * len(messages)
+        msgs = state.msgs
+        over = state.total + sum(costs) + state.system_cost - limit
+        k = 0
+        if over > 0:
+            # Evict plain front messages only; the rules for tool exchanges, whole turns
+            # and an oversize newest message stay with the general path.
+            front_costs = state.costs
+            n = len(msgs)
+            while over > 0:
+                if k >= n or msgs[k].message_id is None or not _plain(msgs[k]):
+                    self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
+                    return None
+                over -= front_costs[k]
+                k += 1
+        state.limit = limit
+        removed: list[str] = []
+        if k:
+            removed = [m.message_id for m in msgs[:k]]  # type: ignore[misc]
+            for mid in removed:
+                del known[mid]
+            state.total -= sum(state.costs[:k])
+            del msgs[:k]
+            del state.costs[:k]
+            state.system_pos = max(0, state.system_pos - k)
+        msgs += messages
+        state.costs += costs
+        state.total += sum(costs)
+        known.update(zip(ids, costs, strict=True))
+        return _Write(None, list(messages), removed)
+
+    def _stage_any(
+        self, messages: Sequence[ChatMessage], state: _State, limit: int
+    ) -> _Write | None:
+        """Apply any add to ``state``: system messages, tool exchanges, reused ids."""
         # First decide and count, changing nothing: an estimator that raises leaves the
         # state as it was.
         known, opened, pending = state.known, state.open, state.pending
@@ -530,7 +604,8 @@ class WindowChatMemory:
             batch_ids.add(mid)
             kept.append(m)
             kept_ids.append(mid)
-            kept_costs.append(self._cost(m))
+            counted = self._counted.pop(id(given), None) if self._counted else None
+            kept_costs.append(self._cost(m) if counted is None else counted)
         if not kept and not pending and not state.rewrite:
             return None
 
@@ -749,6 +824,12 @@ def _drop_orphans(state: _State) -> list[ChatMessage]:
     state.msgs, state.costs = msgs, costs
     state.system_pos -= before_system
     return dropped
+
+
+def _plain(m: ChatMessage) -> bool:
+    """A user message, or an AI message without tool requests: a unit of its own."""
+    kind = type(m)
+    return kind is UserMessage or (kind is AiMessage and not m.tool_execution_requests)  # type: ignore[union-attr]
 
 
 def _check_messages(messages: Sequence[object], method: str) -> None:

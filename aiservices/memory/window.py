@@ -42,6 +42,8 @@ class MessageWindowChatMemory(WindowChatMemory):
             evict_whole_turns=evict_whole_turns,
         )
 
+    _unit_cost = 1
+
     def _cost(self, message: ChatMessage) -> int:
         return 1
 
