@@ -1,12 +1,11 @@
 """aiservices: turn a typed ``Protocol`` into a working LLM agent.
 
-Store classes backed by an optional driver (SQLite, Redis, PostgreSQL) are imported on
+Store classes backed by a database driver (SQLite, Redis, PostgreSQL) are imported on
 first use, so ``import aiservices`` stays light and needs no extra installed.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._result import Result
@@ -52,18 +51,15 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "SqliteChatMemoryStore": ".stores.sqlite",
-    "RedisChatMemoryStore": ".stores.redis",
-    "PostgresChatMemoryStore": ".stores.postgres",
-}
+_STORES = frozenset({"SqliteChatMemoryStore", "RedisChatMemoryStore", "PostgresChatMemoryStore"})
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _STORES:
         raise AttributeError(f"module 'aiservices' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    from . import stores
+
+    value = getattr(stores, name)
     globals()[name] = value
     return value
 

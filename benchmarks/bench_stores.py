@@ -14,6 +14,8 @@ fresh, empty store and removes its data afterwards.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
 import tempfile
 import threading
@@ -47,10 +49,56 @@ def sqlite_history() -> Iterator[Any]:
         yield s
 
 
+REDIS_URL = os.environ.get("AISERVICES_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_DSN = os.environ.get(
+    "AISERVICES_BENCH_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=test"
+)
+
+
+@contextmanager
+def redis_store(**options: Any) -> Iterator[Any]:
+    import redis
+
+    from aiservices.stores.redis import RedisChatMemoryStore
+
+    prefix = f"bench:{new_message_id()}:"
+    try:
+        with RedisChatMemoryStore(REDIS_URL, key_prefix=prefix, **options) as s:
+            yield s
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+@contextmanager
+def postgres_store(**options: Any) -> Iterator[Any]:
+    import psycopg
+    from psycopg import sql
+
+    from aiservices.stores.postgres import PostgresChatMemoryStore
+
+    table = f"bench_{new_message_id()}"
+    try:
+        with PostgresChatMemoryStore(POSTGRES_DSN, table=table, **options) as s:
+            yield s
+    finally:
+        with psycopg.connect(POSTGRES_DSN, autocommit=True) as conn:
+            for suffix in ("", "_history", "_conversations", "_schema"):
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table + suffix))
+                )
+
+
 STORES: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "in_memory": in_memory,
     "sqlite": sqlite,
     "sqlite keep_history": sqlite_history,
+    "redis": redis_store,
+    "redis keep_history": functools.partial(redis_store, keep_history=True),
+    "postgres": postgres_store,
+    "postgres keep_history": functools.partial(postgres_store, keep_history=True),
 }
 
 

@@ -1,7 +1,8 @@
 """Where memories keep their messages: the store protocols and the stores.
 
-``SqliteChatMemoryStore`` is imported on first use, like the stores backed by an optional
-driver, so importing this package loads no database module.
+``SqliteChatMemoryStore``, ``RedisChatMemoryStore`` and ``PostgresChatMemoryStore`` are
+imported on first use, so importing this package loads no database module and needs no
+optional driver installed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from ._common import ChatHistoryStore, CorruptMessageError, HistoryEntry, StoreS
 from .in_memory import InMemoryChatMemoryStore
 
 if TYPE_CHECKING:
+    from .postgres import PostgresChatMemoryStore
+    from .redis import RedisChatMemoryStore
     from .sqlite import SqliteChatMemoryStore
 
 __all__ = [
@@ -24,12 +27,18 @@ __all__ = [
     "HistoryEntry",
     "InMemoryChatMemoryStore",
     "IncrementalChatMemoryStore",
+    "PostgresChatMemoryStore",
+    "RedisChatMemoryStore",
     "SqliteChatMemoryStore",
     "StoreSchemaError",
     "store_key",
 ]
 
-_LAZY = {"SqliteChatMemoryStore": ".sqlite"}
+_LAZY = {
+    "SqliteChatMemoryStore": ".sqlite",
+    "RedisChatMemoryStore": ".redis",
+    "PostgresChatMemoryStore": ".postgres",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -38,6 +38,8 @@ import pytest
 
 from aiservices.stores import InMemoryChatMemoryStore, SqliteChatMemoryStore
 
+from ._server_backends import postgres_backend, redis_backend
+
 Opener = Callable[..., Any]
 Factory = Callable[[Path, str], AbstractContextManager[Opener]]
 
@@ -64,6 +66,9 @@ def sqlite_backend(tmp_path: Path, namespace: str) -> Iterator[Opener]:
 BACKENDS: dict[str, Backend] = {
     "in_memory": Backend(in_memory_backend, persistent=False, history=False),
     "sqlite": Backend(sqlite_backend, persistent=True, history=True),
+    # Before the fixtures below: their params are read when they are defined.
+    "redis": Backend(redis_backend, persistent=True, history=True),
+    "postgres": Backend(postgres_backend, persistent=True, history=True),
 }
 
 

@@ -1,0 +1,632 @@
+"""A store on a Redis server: lists per conversation, changed only by Lua scripts.
+
+Keys of one conversation (``P`` is ``key_prefix``; ``E`` is ``store_key(memory_id)`` in
+unpadded base64url, ``=`` for the empty key)::
+
+    P{E}:w   the window: a list of the messages as messages.message_to_json writes them
+    P{E}:s   their sequence numbers, a list in step with P{E}:w
+    P{E}:x   a hash: message_id -> "<sequence number> <token of the write that added it>"
+    P{E}:n   the last sequence number given out
+    P{E}:h   the history (keep_history): a list of "<sequence number> <when it left the
+             window, unix seconds> <message>", in the order they left
+
+The braces make ``E`` the hash tag, so a conversation's keys share one Redis Cluster slot.
+base64url has no glob characters and no braces: no memory id can reach another's keys or
+match a pattern meant for another.
+
+A read is one ``LRANGE``. Every write is one Lua script, which Redis runs atomically: a
+turn appends to the lists and removes the evicted messages, found by their message id from
+the front (``LPOS``), so writers in any thread, task or process never lose another's
+messages, and the conversation is never written whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import secrets
+import threading
+from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+from redis.backoff import FullJitterBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+from ..messages import ChatMessage, message_to_json
+from ._base import store_key
+from ._common import (
+    CorruptMessageError,
+    HistoryEntry,
+    MessageCache,
+    check_appended,
+    check_unique_ids,
+    duplicate_id_error,
+    with_message_ids,
+)
+
+__all__ = ["RedisChatMemoryStore"]
+
+# Shared by the scripts. KEYS are always w, s, x, n, h.
+_PRELUDE = """
+local w, s, x, n, h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local now
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  end
+  return now
+end
+local function to_history(seq, text)
+  redis.call('RPUSH', h, seq .. ' ' .. clock() .. ' ' .. text)
+end
+-- Removes the message numbered seq from the window; returns its text.
+local function remove(seq)
+  local pos = redis.call('LPOS', s, seq)
+  if not pos then return nil end
+  if pos == 0 then
+    redis.call('LPOP', s)
+    return redis.call('LPOP', w)
+  end
+  -- No command removes at an index: mark the element, then remove the first marked one.
+  -- The marks can't be a stored value: numbers never start with '-', JSON with '-'.
+  local text = redis.call('LINDEX', w, pos)
+  redis.call('LSET', w, pos, '-removed-')
+  redis.call('LREM', w, 1, '-removed-')
+  redis.call('LSET', s, pos, '-')
+  redis.call('LREM', s, 1, '-')
+  return text
+end
+local function append(pairs_from, token)
+  local count = (#ARGV - pairs_from + 1) / 2
+  local seq = redis.call('INCRBY', n, count) - count
+  for k = pairs_from, #ARGV, 2 do
+    seq = seq + 1
+    redis.call('RPUSH', w, ARGV[k + 1])
+    redis.call('RPUSH', s, seq)
+    redis.call('HSET', x, ARGV[k], seq .. ' ' .. token)
+  end
+end
+local function finish(ttl)
+  -- Without history, an emptied conversation leaves no key behind; with it, the counter
+  -- stays, so that later messages are numbered after the history's.
+  if redis.call('EXISTS', w) == 0 and redis.call('EXISTS', h) == 0 then
+    redis.call('DEL', n)
+  end
+  if ttl > 0 then
+    for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+  end
+end
+"""
+
+# ARGV: keep_history (0/1), ttl in ms (0: none), token, the number of removed ids, the
+# removed ids, then id, message, id, message, ... for the appended ones.
+# Returns 'ok'; 'applied' when the same write (its token) was applied before, as when the
+# client sends it again after losing the reply; or {'duplicate', message_id}, changing
+# nothing.
+_APPLY = """
+local keep, ttl, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[3]
+local last_removed = 4 + tonumber(ARGV[4])
+local removing = {}
+for k = 5, last_removed do removing[ARGV[k]] = true end
+for k = last_removed + 1, #ARGV, 2 do
+  if not removing[ARGV[k]] then
+    local entry = redis.call('HGET', x, ARGV[k])
+    if entry then
+      if string.sub(entry, -#token - 1) == ' ' .. token then return 'applied' end
+      return {'duplicate', ARGV[k]}
+    end
+  end
+end
+for k = 5, last_removed do
+  local entry = redis.call('HGET', x, ARGV[k])
+  if entry then
+    local seq = string.match(entry, '^%S+')
+    local text = remove(seq)
+    if keep and text then to_history(seq, text) end
+    redis.call('HDEL', x, ARGV[k])
+  end
+end
+if #ARGV > last_removed then append(last_removed + 1, token) end
+finish(ttl)
+return 'ok'
+"""
+
+# ARGV: keep_history, ttl, token, then id, message, ... of the whole window wanted. Stored
+# messages whose id and text are wanted stay; the others leave (to history with
+# keep_history); the rest is appended. If the messages staying are not the first ones
+# wanted, in order, the window is written again, numbered anew.
+_UPDATE = """
+local keep, ttl, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[3]
+local order, want = {}, {}
+for k = 4, #ARGV, 2 do
+  order[#order + 1] = ARGV[k]
+  want[ARGV[k]] = ARGV[k + 1]
+end
+local id_of = {}
+local index = redis.call('HGETALL', x)
+for k = 1, #index, 2 do id_of[string.match(index[k + 1], '^%S+')] = index[k] end
+local texts = redis.call('LRANGE', w, 0, -1)
+local seqs = redis.call('LRANGE', s, 0, -1)
+local staying, leaving = {}, {}
+for k = 1, #texts do
+  local id = id_of[seqs[k]]
+  if id and want[id] == texts[k] then
+    staying[#staying + 1] = id
+  else
+    leaving[#leaving + 1] = {seqs[k] or '?', texts[k], id}
+  end
+end
+local lead = true
+for k = 1, #staying do
+  if order[k] ~= staying[k] then lead = false break end
+end
+for _, m in ipairs(leaving) do
+  if keep then to_history(m[1], m[2]) end
+  if lead then remove(m[1]) end
+  if m[3] then redis.call('HDEL', x, m[3]) end
+end
+local first = #staying + 1
+if not lead then
+  redis.call('DEL', w, s, x)
+  first = 1
+end
+if first <= #order then append(4 + 2 * (first - 1), token) end
+finish(ttl)
+return 'ok'
+"""
+
+# ARGV: keep_history, ttl. Empties the window (into history with keep_history).
+_DELETE = """
+local keep, ttl = ARGV[1] == '1', tonumber(ARGV[2])
+if keep then
+  local texts = redis.call('LRANGE', w, 0, -1)
+  local seqs = redis.call('LRANGE', s, 0, -1)
+  for k = 1, #texts do to_history(seqs[k] or '?', texts[k]) end
+end
+redis.call('DEL', w, s, x)
+finish(ttl)
+return 'ok'
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, body: str) -> _Script:
+        source = _PRELUDE + body
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())  # Redis names it so
+
+
+_APPLY_SCRIPT = _Script.of(_APPLY)
+_UPDATE_SCRIPT = _Script.of(_UPDATE)
+_DELETE_SCRIPT = _Script.of(_DELETE)
+
+_Keys = tuple[str, str, str, str, str]
+
+# Clients made from a URL send a command again after a connection error, up to 3 times
+# within about 0.15 s (pauses drawn up to 20, 40, 80 ms): a write is recognised if it was
+# applied before (its token), so a lost reply is harmless.
+_RETRIES = 3
+_BACKOFF = FullJitterBackoff(cap=1.0, base=0.01)
+
+
+def _run(client: redis.Redis, script: _Script, keys: _Keys, args: Sequence[Any]) -> Any:
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        # A server that restarted, or that never saw the script: load it and go on.
+        client.script_load(script.source)
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+async def _arun(
+    client: redis.asyncio.Redis, script: _Script, keys: _Keys, args: Sequence[Any]
+) -> Any:
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await client.script_load(script.source)
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+
+
+class RedisChatMemoryStore:
+    """Keeps conversations on a Redis server (6.0.6 or newer), shared by every process.
+
+    ``url_or_client`` is a ``redis://`` (or ``rediss://``, ``unix://``) URL, or a
+    ``redis.Redis`` client. From a URL the store makes a client for its sync methods and, in
+    each event loop that calls its async methods, a ``redis.asyncio`` client. Given a client,
+    async calls use ``async_client`` if given, else run the sync methods in a worker thread.
+    Clients made from a URL are closed by :meth:`close` (or :meth:`aclose`); clients passed
+    in are left open.
+
+    ``key_prefix`` starts every key the store writes. ``ttl`` (seconds or a ``timedelta``)
+    makes a conversation expire that long after its last write, history included. With
+    ``keep_history=True``, messages leaving the window move to a history list instead of
+    being deleted; :meth:`get_history` reads the whole transcript and :meth:`forget` erases
+    it. Errors are redis-py's own (``redis.exceptions.ConnectionError``, ...), raised once the
+    client's retries are spent (a client made from a URL retries a command 3 times within
+    about 0.15 s). A write sent again after its reply was lost is applied once.
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | redis.Redis,
+        *,
+        key_prefix: str = "aiservices:",
+        ttl: float | timedelta | None = None,
+        keep_history: bool = False,
+        async_client: redis.asyncio.Redis | None = None,
+    ) -> None:
+        if not isinstance(key_prefix, str):
+            raise TypeError(f"key_prefix must be a str, not {type(key_prefix).__name__}")
+        self.key_prefix = key_prefix
+        self.keep_history = bool(keep_history)
+        self._ttl_ms = 0 if ttl is None else _ttl_ms(ttl)
+        self.ttl: float | None = self._ttl_ms / 1000 if self._ttl_ms else None
+        """Seconds a conversation lives after its last write; ``None``: for ever."""
+        self._url: str | None = None
+        if isinstance(url_or_client, str):
+            self._url = url_or_client
+            self._client = redis.Redis.from_url(url_or_client, retry=Retry(_BACKOFF, _RETRIES))
+        elif isinstance(url_or_client, redis.asyncio.Redis):
+            raise TypeError(
+                "url_or_client must be a URL or a sync redis.Redis client; pass a "
+                "redis.asyncio.Redis client as async_client=, next to a sync one"
+            )
+        elif callable(getattr(url_or_client, "evalsha", None)):
+            self._client = url_or_client
+        else:
+            raise TypeError(
+                "url_or_client must be a redis:// URL or a redis.Redis client, not "
+                f"{type(url_or_client).__name__}"
+            )
+        self._async_client = async_client
+        self._loop_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
+        self._loop_lock = threading.Lock()
+        self._cache = MessageCache()
+
+    def __repr__(self) -> str:
+        where = _redact(self._url) if self._url is not None else repr(self._client)
+        return (
+            f"{type(self).__name__}({where}, key_prefix={self.key_prefix!r}, ttl={self.ttl!r}, "
+            f"keep_history={self.keep_history!r})"
+        )
+
+    def keys(self, memory_id: Hashable) -> _Keys:
+        """The conversation's keys: window, sequence numbers, id index, counter, history."""
+        tag = base64.urlsafe_b64encode(store_key(memory_id).encode("utf-8", "surrogatepass"))
+        base = f"{self.key_prefix}{{{tag.rstrip(b'=').decode() or '='}}}:"
+        return f"{base}w", f"{base}s", f"{base}x", f"{base}n", f"{base}h"
+
+    # -- the store protocol --------------------------------------------------------------
+
+    def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        """The messages in the window, oldest first; ``[]`` for an unknown id."""
+        w = self.keys(memory_id)[0]
+        return self._parse(memory_id, w, self._client.lrange(w, 0, -1))
+
+    def apply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None:
+        """In one script, remove the messages whose id is in ``removed`` (moving them to
+        history with ``keep_history``), then append ``appended`` after every stored message.
+
+        Sent again after a lost reply (redis-py retries on connection errors), the same call
+        is recognised and not applied twice.
+        """
+        keys, args, texts = self._apply_args(memory_id, appended, removed)
+        result = _run(self._client, _APPLY_SCRIPT, keys, args)
+        self._applied(memory_id, result, appended, texts)
+
+    def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        """Make the window equal to ``messages``, writing only the difference.
+
+        Stored messages missing from ``messages`` are removed (to history with
+        ``keep_history``) and new ones appended. If the messages kept would change order, or
+        a new one goes before one kept, the window is written again.
+        """
+        keys, args, new, texts = self._update_args(memory_id, messages)
+        _run(self._client, _UPDATE_SCRIPT, keys, args)
+        self._cache.remember(texts, new)
+
+    def delete_messages(self, memory_id: Hashable) -> None:
+        """Empty the window; with ``keep_history`` its messages stay in history, evicted."""
+        _run(self._client, _DELETE_SCRIPT, self.keys(memory_id), self._flags())
+
+    def get_history(self, memory_id: Hashable) -> list[HistoryEntry]:
+        """Every message kept for ``memory_id``, in order: the history, then the window.
+
+        Each entry's ``evicted_at`` says when it left the window (``None``: still in it).
+        Without ``keep_history`` evicted messages are deleted, so only the window and any
+        history written earlier by a store with ``keep_history`` remain.
+        """
+        w, s, _, _, h = keys = self.keys(memory_id)
+        with self._client.pipeline(transaction=True) as pipe:
+            for key in (h, s, w):
+                pipe.lrange(key, 0, -1)
+            raw = pipe.execute()
+        return self._history(memory_id, keys, raw)
+
+    def forget(self, memory_id: Hashable) -> None:
+        """Erase the conversation's window and history."""
+        self._client.delete(*self.keys(memory_id))
+
+    # -- async twins ---------------------------------------------------------------------
+
+    async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        """:meth:`get_messages` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.get_messages, memory_id)
+        w = self.keys(memory_id)[0]
+        return self._parse(memory_id, w, await client.lrange(w, 0, -1))
+
+    async def aapply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None:
+        """:meth:`apply_changes` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(
+                self.apply_changes, memory_id, appended=appended, removed=removed
+            )
+        keys, args, texts = self._apply_args(memory_id, appended, removed)
+        result = await _arun(client, _APPLY_SCRIPT, keys, args)
+        self._applied(memory_id, result, appended, texts)
+        return None
+
+    async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        """:meth:`update_messages` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.update_messages, memory_id, messages)
+        keys, args, new, texts = self._update_args(memory_id, messages)
+        await _arun(client, _UPDATE_SCRIPT, keys, args)
+        self._cache.remember(texts, new)
+        return None
+
+    async def adelete_messages(self, memory_id: Hashable) -> None:
+        """:meth:`delete_messages` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.delete_messages, memory_id)
+        await _arun(client, _DELETE_SCRIPT, self.keys(memory_id), self._flags())
+        return None
+
+    async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
+        """:meth:`get_history` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.get_history, memory_id)
+        w, s, _, _, h = keys = self.keys(memory_id)
+        async with client.pipeline(transaction=True) as pipe:
+            for key in (h, s, w):
+                pipe.lrange(key, 0, -1)
+            raw = await pipe.execute()
+        return self._history(memory_id, keys, raw)
+
+    async def aforget(self, memory_id: Hashable) -> None:
+        """:meth:`forget` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.forget, memory_id)
+        await client.delete(*self.keys(memory_id))
+        return None
+
+    # -- clients -------------------------------------------------------------------------
+
+    def _aclient(self) -> redis.asyncio.Redis | None:
+        if self._async_client is not None:
+            return self._async_client
+        if self._url is None:
+            return None
+        # An asyncio connection belongs to the event loop that opened it: one client per loop.
+        loop = asyncio.get_running_loop()
+        client = self._loop_clients.get(loop)
+        if client is None:
+            with self._loop_lock:
+                for old in [old for old in self._loop_clients if old.is_closed()]:
+                    del self._loop_clients[old]
+                client = self._loop_clients[loop] = redis.asyncio.Redis.from_url(
+                    self._url, retry=redis.asyncio.retry.Retry(_BACKOFF, _RETRIES)
+                )
+        return client
+
+    def close(self) -> None:
+        """Close the clients this store made from its URL (not clients passed in).
+
+        An async client is closed in its own event loop: at once if that loop is idle, soon
+        if it is running; one whose loop has already closed can no longer be closed (call
+        :meth:`aclose` in the loop before it ends).
+        """
+        with self._loop_lock:
+            clients = list(self._loop_clients.items())
+            self._loop_clients.clear()
+        for loop, client in clients:
+            _close_in_loop(loop, client.aclose)
+        if self._url is not None:
+            self._client.close()
+
+    async def aclose(self) -> None:
+        """Close the clients this store made, the current event loop's one awaited."""
+        loop = asyncio.get_running_loop()
+        with self._loop_lock:
+            client = self._loop_clients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+        self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- what the sync and async paths share ----------------------------------------------
+
+    def _flags(self) -> tuple[int, int]:
+        return (1 if self.keep_history else 0), self._ttl_ms
+
+    def _apply_args(
+        self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
+    ) -> tuple[_Keys, list[Any], list[str]]:
+        new_ids = [m.message_id for m in appended]
+        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
+            check_appended(appended)  # raises, saying which message is wrong
+        texts = [message_to_json(m) for m in appended]
+        # 96 random bits: one write's token is never taken for another's.
+        args: list[Any] = [*self._flags(), secrets.token_urlsafe(12), len(removed), *removed]
+        for mid, text in zip(new_ids, texts, strict=True):
+            args += (mid, text)
+        return self.keys(memory_id), args, texts
+
+    def _applied(
+        self,
+        memory_id: Hashable,
+        result: Any,
+        appended: Sequence[ChatMessage],
+        texts: list[str],
+    ) -> None:
+        if isinstance(result, list):
+            raise duplicate_id_error(_text(result[1]), memory_id)
+        self._cache.remember(texts, appended)
+
+    def _update_args(
+        self, memory_id: Hashable, messages: Sequence[ChatMessage]
+    ) -> tuple[_Keys, list[Any], list[ChatMessage], list[str]]:
+        new = with_message_ids(messages)
+        check_unique_ids(new)
+        texts = [message_to_json(m) for m in new]
+        args: list[Any] = [*self._flags(), secrets.token_urlsafe(12)]
+        for m, text in zip(new, texts, strict=True):
+            args += (m.message_id, text)
+        return self.keys(memory_id), args, new, texts
+
+    def _parse(self, memory_id: Hashable, w: str, raw: list[Any]) -> list[ChatMessage]:
+        if not raw:
+            return []
+        texts = [t.decode() if type(t) is bytes else t for t in raw]
+
+        def corrupt(i: int, reason: str) -> Exception:
+            return _corrupt(memory_id, w, i, reason)
+
+        return self._cache.parse(texts, corrupt)
+
+    def _history(self, memory_id: Hashable, keys: _Keys, raw: list[Any]) -> list[HistoryEntry]:
+        w, _, _, _, h = keys
+        evicted, seqs, window = raw
+        # (sequence number, message text, evicted_at, where: key and position)
+        rows: list[tuple[int, str, datetime | None, tuple[str, int]]] = []
+        for pos, item in enumerate(evicted):
+            parts = _text(item).split(" ", 2)
+            if len(parts) != 3:
+                raise _corrupt(memory_id, h, pos, "not '<number> <time> <message>'")
+            seq, when, text = parts
+            rows.append(
+                (
+                    _number(memory_id, seq, h, pos),
+                    text,
+                    _evicted_at(memory_id, when, h, pos),
+                    (h, pos),
+                )
+            )
+        if len(seqs) != len(window):
+            raise _corrupt(
+                memory_id, w, len(window), f"{len(window)} messages but {len(seqs)} numbers"
+            )
+        for pos, (seq, text) in enumerate(zip(seqs, window, strict=True)):
+            rows.append((_number(memory_id, _text(seq), w, pos), _text(text), None, (w, pos)))
+        rows.sort(key=lambda row: row[0])
+
+        def corrupt(i: int, reason: str) -> Exception:
+            return _corrupt(memory_id, *rows[i][3], reason)
+
+        messages = self._cache.parse([row[1] for row in rows], corrupt)
+        return [HistoryEntry(m, row[2]) for m, row in zip(messages, rows, strict=True)]
+
+
+def _ttl_ms(ttl: float | timedelta) -> int:
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"ttl must be seconds or a timedelta, not {type(ttl).__name__}")
+    ms = round(seconds * 1000)
+    if ms < 1:
+        raise ValueError(f"ttl must be at least 1 ms, got {ttl!r}; use ttl=None for no expiry")
+    return ms
+
+
+def _redact(url: str) -> str:
+    # A password in the URL never reaches a repr.
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return repr(f"{scheme}{sep}{rest}")
+
+
+def _close_in_loop(loop: asyncio.AbstractEventLoop, aclose: Callable[[], Awaitable[None]]) -> None:
+    if loop.is_closed():
+        return
+    if loop.is_running():
+        asyncio.run_coroutine_threadsafe(_await(aclose), loop)
+    else:
+        loop.run_until_complete(aclose())
+
+
+async def _await(aclose: Callable[[], Awaitable[None]]) -> None:
+    await aclose()
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _number(memory_id: Hashable, seq: str, key: str, pos: int) -> int:
+    try:
+        return int(seq)
+    except ValueError:
+        raise _corrupt(memory_id, key, pos, f"sequence number {seq!r} is not a number") from None
+
+
+def _evicted_at(memory_id: Hashable, when: str, key: str, pos: int) -> datetime:
+    seconds, _, micros = when.partition(".")
+    try:
+        return datetime.fromtimestamp(int(seconds), UTC).replace(microsecond=int(micros or 0))
+    except (TypeError, ValueError, OverflowError):
+        raise _corrupt(memory_id, key, pos, f"eviction time {when!r} is not a timestamp") from None
+
+
+def _corrupt(memory_id: Hashable, key: str, pos: int, reason: str) -> CorruptMessageError:
+    return CorruptMessageError(
+        memory_id,
+        pos,
+        reason,
+        hint=(
+            f"it is element {pos} of the list {key}: repair it with LSET, or erase the "
+            "conversation with the store's forget()"
+        ),
+    )

@@ -1,0 +1,467 @@
+"""PostgresChatMemoryStore beyond the contract: schema, rows a write touches, locks, pools."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from aiservices.messages import (
+    AiMessage,
+    ChatMessage,
+    SystemMessage,
+    UserMessage,
+    new_message_id,
+)
+from aiservices.stores import (
+    AsyncChatMemoryStore,
+    ChatHistoryStore,
+    CorruptMessageError,
+    IncrementalChatMemoryStore,
+    StoreSchemaError,
+)
+from aiservices.stores.postgres import SCHEMA_VERSION, PostgresChatMemoryStore
+
+from ._server_backends import drop_postgres_tables, require_postgres
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage(text, message_id=new_message_id())
+
+
+def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
+    return [getattr(m, "text", None) for m in messages]
+
+
+@pytest.fixture
+def dsn() -> str:
+    return require_postgres()
+
+
+@pytest.fixture
+def table(dsn: str) -> Iterator[str]:
+    table = f"t_{uuid.uuid4().hex}"
+    yield table
+    drop_postgres_tables(dsn, table)
+
+
+@pytest.fixture
+def store(dsn: str, table: str) -> Iterator[PostgresChatMemoryStore]:
+    with PostgresChatMemoryStore(dsn, table=table) as store:
+        yield store
+
+
+@pytest.fixture
+def raw(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+def ident(name: str) -> sql.Identifier:
+    return sql.Identifier(name)
+
+
+def test_it_is_an_incremental_async_history_store(store: PostgresChatMemoryStore) -> None:
+    assert isinstance(store, IncrementalChatMemoryStore)
+    assert isinstance(store, ChatHistoryStore)
+    assert isinstance(store, AsyncChatMemoryStore)
+    assert getattr(store, "is_blocking", True) is not False
+
+
+def test_repr_hides_the_password(table: str) -> None:
+    store = PostgresChatMemoryStore("host=db user=app password=s3cret dbname=x", table=table)
+    assert "s3cret" not in repr(store)
+    assert "host=db" in repr(store)
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"dsn_or_pool": 42}, TypeError, "connection string, a psycopg_pool.ConnectionPool"),
+        ({"table": ""}, ValueError, "non-empty str"),
+        ({"table": "x" * 50}, ValueError, "too long"),
+        ({"max_connections": 0}, ValueError, "max_connections must be at least 1"),
+        ({"timeout": 0}, ValueError, "timeout must be > 0"),
+    ],
+)
+def test_bad_arguments_are_clear_errors(
+    dsn: str, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    options: dict[str, Any] = {"dsn_or_pool": dsn, **kwargs}
+    with pytest.raises(error, match=message):
+        PostgresChatMemoryStore(**options)
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+def test_tables_are_created_on_first_use_with_a_version(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    exists = "SELECT to_regclass(quote_ident(%s))"
+    assert raw.execute(exists, (table,)).fetchone() == (None,)
+    assert store.get_messages("nobody") == []
+    for name in (table, f"{table}_history", f"{table}_conversations", f"{table}_schema"):
+        assert raw.execute(exists, (name,)).fetchone() != (None,), name
+    version = raw.execute(
+        sql.SQL("SELECT value FROM {} WHERE name = 'version'").format(ident(f"{table}_schema"))
+    ).fetchone()
+    assert version == (str(SCHEMA_VERSION),)
+
+
+def test_the_window_is_indexed_by_memory_key_and_seq(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    store.create_schema()
+    indexes = {
+        definition.split(" USING ")[1]
+        for (definition,) in raw.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s", (table,)
+        )
+    }
+    assert indexes == {"btree (memory_key, seq)", "btree (memory_key, message_id)"}
+
+
+def test_create_schema_is_idempotent_and_safe_from_many_threads(dsn: str, table: str) -> None:
+    stores = [PostgresChatMemoryStore(dsn, table=table) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def first_use(store: PostgresChatMemoryStore) -> None:
+        barrier.wait()
+        try:
+            store.apply_changes("c", appended=[user("x")], removed=[])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    stores[0].create_schema()
+    assert len(stores[0].get_messages("c")) == 4
+    for s in stores:
+        s.close()
+
+
+def test_a_newer_schema_is_refused_with_a_clear_error(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], dsn: str, table: str
+) -> None:
+    store.create_schema()
+    raw.execute(
+        sql.SQL("UPDATE {} SET value = '99' WHERE name = 'version'").format(
+            ident(f"{table}_schema")
+        )
+    )
+    with (
+        PostgresChatMemoryStore(dsn, table=table) as other,
+        pytest.raises(StoreSchemaError, match=r"schema version 99, newer .*upgrade aiservices"),
+    ):
+        other.get_messages("c")
+
+
+def test_a_table_it_did_not_make_is_refused(
+    raw: psycopg.Connection[Any], dsn: str, table: str
+) -> None:
+    raw.execute(sql.SQL("CREATE TABLE {} (id int)").format(ident(table)))
+    with (
+        PostgresChatMemoryStore(dsn, table=table) as store,
+        pytest.raises(StoreSchemaError, match="not made by aiservices; pass another table="),
+    ):
+        store.create_schema()
+
+
+def test_odd_table_names_are_quoted(dsn: str, table: str) -> None:
+    odd = f'{table[:20]} "Odd"; --'
+    try:
+        with PostgresChatMemoryStore(dsn, table=odd) as store:
+            store.update_messages("a", [user("fine")])
+            assert texts(store.get_messages("a")) == ["fine"]
+    finally:
+        drop_postgres_tables(dsn, odd)
+
+
+def test_rows_carry_their_metadata_in_columns(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    naive = datetime(2024, 5, 1, 12, 30)
+    aware = datetime(2024, 5, 1, 14, 30, tzinfo=timezone(timedelta(hours=2)))
+    store.apply_changes(
+        ("k", 1),
+        appended=[
+            UserMessage("hi", message_id="m1", turn_id="t1", created_at=naive),
+            AiMessage("yo", message_id="m2", created_at=aware),
+        ],
+        removed=[],
+    )
+    rows = raw.execute(
+        sql.SQL(
+            "SELECT memory_key, seq, message_id, turn_id, created_at, stored_at, message "
+            "FROM {} ORDER BY seq"
+        ).format(ident(table))
+    ).fetchall()
+    assert [r[0] for r in rows] == ["\x1ftuple:('k', 1)"] * 2
+    assert [r[1] for r in rows] == [1, 2]
+    assert [r[2:4] for r in rows] == [("m1", "t1"), ("m2", None)]
+    assert rows[0][4] == naive.replace(tzinfo=UTC)  # a naive time is read as UTC
+    assert rows[1][4] == aware
+    assert abs(rows[0][5] - datetime.now(UTC)) < timedelta(minutes=1)
+    assert '"text":"hi"' in rows[0][6]
+
+
+def test_a_memory_id_with_a_nul_is_postgresqls_error(store: PostgresChatMemoryStore) -> None:
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        store.update_messages("a\x00b", [user("x")])
+
+
+# -- writes only what changed ------------------------------------------------------------------
+
+
+def row_versions(raw: psycopg.Connection[Any], table: str) -> dict[str, str]:
+    """Each window row's message_id and the transaction that last wrote it."""
+    rows = raw.execute(
+        sql.SQL("SELECT message_id, xmin::text FROM {}").format(ident(table))
+    ).fetchall()
+    return dict(rows)
+
+
+def test_a_turn_writes_only_its_rows_whatever_the_window(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    window = [user(str(i)) for i in range(1000)]
+    store.update_messages("c", window)
+    before = row_versions(raw, table)
+    new = [user("q"), AiMessage("a", message_id=new_message_id())]
+    store.apply_changes("c", appended=new, removed=[window[0].message_id, window[1].message_id])
+    after = row_versions(raw, table)
+    assert set(before) - set(after) == {window[0].message_id, window[1].message_id}
+    assert {mid for mid, v in after.items() if before.get(mid) != v} == {m.message_id for m in new}
+    assert texts(store.get_messages("c")) == [*texts(window[2:]), "q", "a"]
+
+
+def test_update_messages_writes_the_difference(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    sys = SystemMessage("pinned", message_id=new_message_id())
+    window: list[ChatMessage] = [sys, *(user(str(i)) for i in range(500))]
+    store.update_messages("c", window)
+    before = row_versions(raw, table)
+    window = [sys, *window[3:], user("new 1"), user("new 2")]
+    store.update_messages("c", window)
+    after = row_versions(raw, table)
+    assert len(before) - len(set(before) & set(after)) == 2
+    assert {mid for mid, v in after.items() if before.get(mid) != v} == {
+        m.message_id for m in window[-2:]
+    }
+    store.update_messages("c", window)
+    assert row_versions(raw, table) == after
+    assert texts(store.get_messages("c")) == texts(window)
+
+
+def test_a_reordering_update_renumbers_rows_in_place(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    a, b, c = user("a"), user("b"), user("c")
+    store.update_messages("c", [a, b, c])
+    edited = UserMessage("b, edited", message_id=b.message_id)
+    store.update_messages("c", [c, edited, a, user("d")])
+    assert texts(store.get_messages("c")) == ["c", "b, edited", "a", "d"]
+    seqs = raw.execute(
+        sql.SQL("SELECT message_id, seq FROM {} ORDER BY seq").format(ident(table))
+    ).fetchall()
+    assert [mid for mid, _ in seqs][:3] == [c.message_id, b.message_id, a.message_id]
+    assert [seq for _, seq in seqs] == [4, 5, 6, 7]  # numbers are never reused
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+
+
+def waiting_on_a_lock(raw: psycopg.Connection[Any]) -> int:
+    (n,) = raw.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()"
+    ).fetchone() or (0,)
+    return int(n)
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_writers_of_one_conversation_queue_on_its_row(
+    store: PostgresChatMemoryStore, dsn: str, raw: psycopg.Connection[Any], table: str
+) -> None:
+    store.apply_changes("c", appended=[user("first")], removed=[])
+    before = waiting_on_a_lock(raw)
+    with psycopg.connect(dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT * FROM {} WHERE memory_key = 'c' FOR UPDATE").format(
+                ident(f"{table}_conversations")
+            )
+        )
+        writer = threading.Thread(
+            target=store.apply_changes,
+            args=("c",),
+            kwargs={"appended": [user("second")], "removed": []},
+        )
+        writer.start()
+        wait_until(lambda: waiting_on_a_lock(raw) > before)
+        assert writer.is_alive()
+        store.apply_changes("other", appended=[user("not held up")], removed=[])
+        holder.commit()
+    writer.join(10)
+    assert texts(store.get_messages("c")) == ["first", "second"]
+
+
+def test_a_removal_finds_a_row_another_writer_is_renumbering(
+    store: PostgresChatMemoryStore, dsn: str, raw: psycopg.Connection[Any], table: str
+) -> None:
+    a, b = user("a"), user("b")
+    store.update_messages("c", [a, b])
+    with psycopg.connect(dsn) as renumbering:
+        renumbering.execute(
+            sql.SQL("UPDATE {} SET seq = seq + 100 WHERE memory_key = 'c'").format(ident(table))
+        )
+        before = waiting_on_a_lock(raw)
+        remover = threading.Thread(
+            target=store.apply_changes,
+            args=("c",),
+            kwargs={"appended": [], "removed": [a.message_id]},
+        )
+        remover.start()
+        wait_until(lambda: waiting_on_a_lock(raw) > before)
+        renumbering.commit()
+    remover.join(10)
+    assert texts(store.get_messages("c")) == ["b"]
+
+
+# -- corrupt rows ----------------------------------------------------------------------------------
+
+
+def test_a_corrupt_row_is_reported_with_the_memory_id_and_seq(
+    store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
+) -> None:
+    store.update_messages("alice", [user("a"), user("b")])
+    raw.execute(
+        sql.SQL('UPDATE {} SET message = \'{{"type": "user"\' WHERE seq = 2').format(ident(table))
+    )
+    with pytest.raises(CorruptMessageError) as caught:
+        store.get_messages("alice")
+    assert caught.value.memory_id == "alice"
+    assert caught.value.row == 2
+    assert f"memory_key = 'alice' and seq = 2 in table {table!r}" in str(caught.value)
+    store.delete_messages("alice")
+    assert store.get_messages("alice") == []
+
+
+def test_a_duplicate_is_named_and_changes_nothing(store: PostgresChatMemoryStore) -> None:
+    a, b = user("a"), user("b")
+    store.apply_changes("c", appended=[a, b], removed=[])
+    twin = UserMessage("twin", message_id=b.message_id)
+    with pytest.raises(ValueError, match=f"message_id '{b.message_id}' appears twice"):
+        store.apply_changes("c", appended=[user("new"), twin], removed=[a.message_id])
+    assert texts(store.get_messages("c")) == ["a", "b"]
+
+
+# -- pools and connections ---------------------------------------------------------------------
+
+
+def test_a_pool_passed_in_is_used_and_left_open(dsn: str, table: str) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = PostgresChatMemoryStore(pool, table=table, keep_history=True)
+        first = user("a")
+        store.apply_changes("c", appended=[first, user("b")], removed=[])
+        store.apply_changes("c", appended=[], removed=[first.message_id])
+        assert texts(store.get_messages("c")) == ["b"]
+        assert [e.evicted for e in store.get_history("c")] == [True, False]
+        store.close()
+        with pool.connection() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_connection_passed_in_is_shared_by_threads(dsn: str, table: str) -> None:
+    with psycopg.connect(dsn) as conn:  # autocommit off: each call commits its own work
+        store = PostgresChatMemoryStore(conn, table=table)
+
+        def work(worker: int) -> None:
+            for i in range(10):
+                store.apply_changes("c", appended=[user(f"{worker}:{i}")], removed=[])
+                store.get_messages("c")
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with PostgresChatMemoryStore(dsn, table=table) as other:
+        assert len(other.get_messages("c")) == 40
+
+
+def test_async_methods_use_a_pool_per_event_loop(dsn: str, table: str) -> None:
+    store = PostgresChatMemoryStore(dsn, table=table)
+
+    async def turn(text: str) -> list[str | None]:
+        await store.aapply_changes("c", appended=[user(text)], removed=[])
+        got = texts(await store.aget_messages("c"))
+        await store.aclose()
+        return got
+
+    assert asyncio.run(turn("a")) == ["a"]
+    store = PostgresChatMemoryStore(dsn, table=table)
+    assert asyncio.run(turn("b")) == ["a", "b"]
+
+
+async def test_async_twins_match_the_sync_methods(dsn: str, table: str) -> None:
+    async with PostgresChatMemoryStore(dsn, table=table, keep_history=True) as store:
+        a, b = user("a"), user("b")
+        await store.aupdate_messages("c", [a, b])
+        await store.aapply_changes("c", appended=[user("c")], removed=[a.message_id])
+        assert texts(await store.aget_messages("c")) == ["b", "c"]
+        with pytest.raises(ValueError, match="appears twice"):
+            await store.aapply_changes("c", appended=[b], removed=[])
+        await store.adelete_messages("c")
+        assert await store.aget_messages("c") == []
+        history = await store.aget_history("c")
+        assert [(texts([e.message])[0], e.evicted) for e in history] == [
+            ("a", True),
+            ("b", True),
+            ("c", True),
+        ]
+        await store.aforget("c")
+        assert await store.aget_history("c") == []
+
+
+async def test_a_given_async_pool_is_used_and_left_open(dsn: str, table: str) -> None:
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as sync_pool:
+            store = PostgresChatMemoryStore(sync_pool, table=table, async_pool=pool)
+            await store.aapply_changes("c", appended=[user("a")], removed=[])
+            assert pool.get_stats()["requests_num"] >= 1
+            assert sync_pool.get_stats().get("requests_num", 0) == 0
+            assert texts(await store.aget_messages("c")) == ["a"]
+            await store.aclose()
+            async with pool.connection() as conn:
+                await conn.execute("SELECT 1")
+
+
+async def test_a_given_pool_without_an_async_one_works_from_a_thread(dsn: str, table: str) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+        store = PostgresChatMemoryStore(pool, table=table)
+        await store.aapply_changes("c", appended=[user("a")], removed=[])
+        assert texts(await store.aget_messages("c")) == ["a"]
