@@ -7,7 +7,9 @@ Each test queues the replies the server gives, in order, and reads back the requ
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -37,6 +39,8 @@ class Reply:
     events: tuple[tuple[str | None, Any], ...] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds to wait before answering
+    # Drop the connection after this many SSE events, as a server or proxy failing midway.
+    abort_after: int | None = None
 
 
 class LoopbackServer:
@@ -75,6 +79,11 @@ class LoopbackServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    def break_last_stream(self, after_events: int) -> None:
+        """Make the last queued stream drop its connection after ``after_events`` events."""
+        with self._lock:
+            self._replies[-1] = dataclasses.replace(self._replies[-1], abort_after=after_events)
 
     def queue(self, *replies: Reply) -> None:
         with self._lock:
@@ -136,7 +145,11 @@ def _handler_for(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
             for name, value in reply.headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            for event, data in reply.events:
+            for sent, (event, data) in enumerate(reply.events):
+                if sent == reply.abort_after:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 self._chunk(_sse(event, data))
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()

@@ -277,3 +277,43 @@ def test_service_streams_through_a_tool_round_trip_on_both_providers(
     openai_result = openai_server.bodies[1]["messages"][-1]
     anthropic_result = anthropic_server.bodies[1]["messages"][-1]["content"][0]
     assert openai_result["content"] == anthropic_result["content"] == "21C and sunny in Paris"
+
+
+def test_a_stream_closed_early_records_nothing_on_both_providers(
+    openai_server: OpenAIServer,
+    openai_model: Callable[..., Any],
+    anthropic_server: AnthropicServer,
+    anthropic_model: Callable[..., Any],
+) -> None:
+    openai_server.reply_stream(["Once ", "upon ", "a time."])
+    anthropic_server.reply_stream([text("Once upon a time.")])
+    for model in (openai_model(), anthropic_model()):
+        memory = MessageWindowChatMemory(10)
+        stream = ai_service(Teller, model=model, chat_memory=memory).tell("A story")
+        assert next(stream)
+        stream.close()
+        assert memory.messages() == []
+
+
+def test_a_stream_failing_midway_records_nothing_on_both_providers(
+    openai_server: OpenAIServer,
+    openai_model: Callable[..., Any],
+    anthropic_server: AnthropicServer,
+    anthropic_model: Callable[..., Any],
+) -> None:
+    openai_server.reply_stream(["Once ", "upon ", "a time."])
+    openai_server.break_last_stream(after_events=2)
+    openai_server.reply_stream(["Again."])
+    anthropic_server.reply_stream([text("Once upon a time.")])
+    anthropic_server.break_last_stream(after_events=3)
+    anthropic_server.reply_stream([text("Again.")])
+    for model in (openai_model(max_retries=0), anthropic_model(max_retries=0)):
+        memory = MessageWindowChatMemory(10)
+        teller = ai_service(Teller, model=model, chat_memory=memory)
+        received: list[str] = []
+        with pytest.raises(Exception) as failure:  # noqa: PT011 - each SDK has its own type
+            received.extend(teller.tell("A story"))
+        assert not isinstance(failure.value, AssertionError), failure.value
+        assert memory.messages() == []
+        assert "".join(teller.tell("Try again")) == "Again."
+        assert [m.text for m in memory.messages()] == ["Try again", "Again."]
