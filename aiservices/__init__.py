@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._result import Result
-from ._streams import AsyncTextStream, TextStream
 from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
 from .markers import MemoryId, UserName, V
 from .memory import (
     ChatMemory,
     ChatMemoryProvider,
     MessageWindowChatMemory,
-    SummarizingChatMemory,
     TokenCountEstimator,
     TokenWindowChatMemory,
 )
@@ -45,21 +43,33 @@ from .stores import ChatMemoryStore, InMemoryChatMemoryStore
 from .tools import ToolExecution, tool
 
 if TYPE_CHECKING:
+    from ._streams import AsyncTextStream, TextStream
+    from .memory import SummarizingChatMemory
     from .stores.postgres import PostgresChatMemoryStore
     from .stores.redis import RedisChatMemoryStore
     from .stores.sqlite import SqliteChatMemoryStore
 
 __version__ = "0.1.0"
 
-_STORES = frozenset({"SqliteChatMemoryStore", "RedisChatMemoryStore", "PostgresChatMemoryStore"})
+# Imported at first use, to keep `import aiservices` light: the database-backed stores
+# (whose drivers are optional), streams and the summarising memory.
+_LAZY = {
+    "SqliteChatMemoryStore": ".stores",
+    "RedisChatMemoryStore": ".stores",
+    "PostgresChatMemoryStore": ".stores",
+    "SummarizingChatMemory": ".memory",
+    "TextStream": "._streams",
+    "AsyncTextStream": "._streams",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _STORES:
+    module = _LAZY.get(name)
+    if module is None:
         raise AttributeError(f"module 'aiservices' has no attribute {name!r}")
-    from . import stores
+    import importlib
 
-    value = getattr(stores, name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 

@@ -7,9 +7,12 @@ side resolves on the task's own loop. Ownership passes straight to the next wait
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["TurnLock"]
 
@@ -40,6 +43,8 @@ class TurnLock:
         event.wait()
 
     async def aacquire(self) -> None:
+        import asyncio
+
         with self._mutex:
             if not self._held:
                 self._held = True

@@ -7,7 +7,6 @@ I/O the blocking or the awaiting way. One loop, two drivers, no rule written twi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import uuid
@@ -503,6 +502,8 @@ async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
 
 
 async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
+    import asyncio
+
     model = state.model or state.chat_model()
     achat = getattr(model, "achat", None)
     turn = _turn(state, call)
@@ -543,6 +544,8 @@ async def _acommit(
 
 
 async def _amemory(memory: ChatMemory, name: str, blocking: Callable[..., Any], *args: Any) -> Any:
+    import asyncio
+
     native = getattr(memory, name, None)
     if native is not None:
         return await native(*args)

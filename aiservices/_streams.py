@@ -9,7 +9,6 @@ records nothing.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
 from typing import Any
 
@@ -203,6 +202,8 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
 async def _achunks(
     state: ServiceState, call: _Call, sink: AsyncTextStream
 ) -> AsyncGenerator[str, None]:
+    import asyncio
+
     conversation = call.conversation
     try:
         if conversation is not None:

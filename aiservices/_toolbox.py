@@ -7,7 +7,6 @@ lookup per tool.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -329,6 +328,8 @@ class Toolbox:
         self, request: ToolExecutionRequest, memory_id: object = None
     ) -> ToolExecution:
         """Run one request without blocking the event loop: a sync tool runs in a thread."""
+        import asyncio
+
         tool = self._by_name.get(request.name)
         if tool is None:
             return self._failed(self._unknown(request))
@@ -365,6 +366,8 @@ class Toolbox:
         If one raises (through the error handler), the others are cancelled, and that
         exception propagates once they have stopped (a sync tool's thread runs to its end).
         """
+        import asyncio
+
         pending = list(requests)
         if len(pending) <= 1:
             return [await self.aexecute(request, memory_id) for request in pending]
@@ -459,6 +462,8 @@ def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedEr
 
 
 def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    import asyncio
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -468,6 +473,8 @@ def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
     outcome: list[tuple[bool, Any]] = []
 
     def run() -> None:
+        import asyncio
+
         try:
             outcome.append((True, asyncio.run(coroutine)))
         except BaseException as exc:

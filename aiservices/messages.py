@@ -9,6 +9,7 @@ the JSON form keeps the metadata exactly.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -49,7 +50,7 @@ def _positional_init(init: _F) -> _F:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, defer_build=True)
 
 
 class ToolExecutionRequest(_Frozen):
@@ -247,11 +248,12 @@ class _Envelope(_Frozen):
     messages: list[_Tagged]
 
 
-class _VersionOnly(BaseModel):
-    format: int
+@functools.cache
+def _message_adapter() -> TypeAdapter[ChatMessage]:
+    # Built at first use, not at import: schemas cost milliseconds to build.
+    return TypeAdapter(_Tagged)
 
 
-_message_adapter: TypeAdapter[ChatMessage] = TypeAdapter(_Tagged)
 _MESSAGE_TYPES: Final = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
 
 
@@ -335,6 +337,6 @@ def message_to_json(message: ChatMessage) -> str:
 def message_from_json(text: str | bytes) -> ChatMessage:
     """Read one message written by ``message_to_json``; a ``ValueError`` if malformed."""
     try:
-        return _message_adapter.validate_json(text)
+        return _message_adapter().validate_json(text)
     except ValidationError as exc:
         raise ValueError(f"invalid chat message JSON: {_describe(exc)}") from None

@@ -13,7 +13,6 @@ from typing import Any, Protocol, TypeVar, overload
 from ._hooks import Hooks
 from ._plan import MethodPlan, plan_interface
 from ._runner import Conversation, ServiceState, run_async, run_sync
-from ._streams import stream_async, stream_sync
 from ._toolbox import Toolbox
 from .errors import InterfaceError
 from .memory import ChatMemory
@@ -125,13 +124,11 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
         f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
     )
-    namespace: dict[str, Any] = {
-        "run_sync": run_sync,
-        "run_async": run_async,
-        "stream_sync": stream_sync,
-        "stream_async": stream_async,
-        "_plan": plan,
-    }
+    namespace: dict[str, Any] = {"run_sync": run_sync, "run_async": run_async, "_plan": plan}
+    if plan.kind in ("stream", "astream"):
+        from ._streams import stream_async, stream_sync
+
+        namespace.update(stream_sync=stream_sync, stream_async=stream_async)
     namespace.update(defaults)
     exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
     function: Callable[..., Any] = namespace[plan.name]

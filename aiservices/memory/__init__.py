@@ -8,13 +8,33 @@ a window of messages or tokens; a token window counts with a ``TokenCountEstimat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._base import ChatMemory, ChatMemoryProvider
-from ._history import sent_on_turn
 from ._window import WindowChatMemoryProvider
-from .summarizing import SummarizingChatMemory
 from .token_window import TokenWindowChatMemory
 from .tokens import EncodingUnavailableError, OpenAiTokenCountEstimator, TokenCountEstimator
 from .window import MessageWindowChatMemory
+
+if TYPE_CHECKING:
+    from ._history import sent_on_turn
+    from .summarizing import SummarizingChatMemory
+
+# Imported at first use: most services never summarise or read history, and import time
+# counts for every program that imports aiservices.
+_LAZY = {"SummarizingChatMemory": ".summarizing", "sent_on_turn": "._history"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ChatMemory",

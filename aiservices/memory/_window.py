@@ -18,7 +18,6 @@ add, never at a read: a read never hides a message that the store still holds in
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import operator
 import threading
@@ -273,6 +272,8 @@ class WindowChatMemory:
 
     async def amessages(self) -> list[ChatMessage]:
         """:meth:`messages` for async callers."""
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self.messages()
         if self._async is _Async.THREAD:
@@ -288,6 +289,8 @@ class WindowChatMemory:
 
     async def aadd(self, *messages: ChatMessage) -> None:
         """:meth:`add` for async callers."""
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self.add(*messages)
         if self._async is _Async.THREAD:
@@ -320,6 +323,8 @@ class WindowChatMemory:
 
     async def aset(self, messages: Iterable[ChatMessage]) -> None:
         """:meth:`set` for async callers."""
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self.set(messages)
         if self._async is _Async.THREAD:
@@ -344,6 +349,8 @@ class WindowChatMemory:
 
     async def aclear(self) -> None:
         """:meth:`clear` for async callers."""
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self.clear()
         if self._async is _Async.THREAD:
@@ -881,6 +888,8 @@ async def _acquire(lock: threading.Lock) -> None:
     # The lock also guards sync callers in other threads, so it is a thread lock; polling
     # it keeps the event loop free while another caller holds it, and a cancelled waiter
     # leaves nothing behind (a worker thread blocked in acquire() would).
+    import asyncio
+
     delay = 0.0001
     while not lock.acquire(blocking=False):
         await asyncio.sleep(delay)

@@ -14,7 +14,6 @@ stored, the overflow stays in the window, and the next add tries again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Generator, Hashable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -482,6 +481,8 @@ class SummarizingChatMemory(WindowChatMemory):
             self._update(self._id, write.full or [])
 
     async def _aread(self) -> list[ChatMessage]:
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self._get(self._id)
         if self._async is _Async.THREAD:
@@ -492,6 +493,8 @@ class SummarizingChatMemory(WindowChatMemory):
         return stored
 
     async def _awrite(self, write: _Write) -> None:
+        import asyncio
+
         if self._async is _Async.DIRECT:
             return self._write(write)
         if self._async is _Async.THREAD:
@@ -504,6 +507,8 @@ class SummarizingChatMemory(WindowChatMemory):
         return None
 
     async def _asummarize(self, request: Any) -> Any:
+        import asyncio
+
         try:
             achat = getattr(self._summarizer, "achat", None)
             if achat is not None:
