@@ -6,12 +6,13 @@ classes in, so this module stays importable without either installed.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
+
+from .._per_loop import PerLoop
 
 __all__ = [
     "LazyClient",
@@ -117,7 +118,7 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         self._http_client = http_client
         self._async_http_client = async_http_client
         self._given_async_client = async_client
-        self._async_clients: dict[asyncio.AbstractEventLoop, AsyncT] = {}
+        self._async_clients: PerLoop[AsyncT] = PerLoop()
 
     def __repr__(self) -> str:
         where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
@@ -130,21 +131,10 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         if self._given_async_client is not None:
             return self._given_async_client
         # One client per event loop: an async connection pool cannot outlive the loop it was
-        # made in, and users do call asyncio.run() more than once. Clients of loops that
-        # have closed are dropped (they cannot be closed any more).
-        loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
-            with self._lock:
-                clients = self._async_clients
-                for old in [old for old in clients if old.is_closed()]:
-                    del clients[old]
-                client = clients.get(loop)
-                if client is None:
-                    client = clients[loop] = self._sdk[1](
-                        **self._connection_options(), http_client=self._async_http_client
-                    )
-        return client
+        # made in, and users do call asyncio.run() more than once.
+        return self._async_clients.get(
+            lambda: self._sdk[1](**self._connection_options(), http_client=self._async_http_client)
+        )
 
     def close(self) -> None:
         """Close the sync SDK client this model made (one handed in is left open)."""
@@ -153,7 +143,7 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
     async def aclose(self) -> None:
         """Close the SDK clients this model made: the sync one and this event loop's async one."""
         self.close()
-        client = self._async_clients.pop(asyncio.get_running_loop(), None)
+        client = self._async_clients.pop()
         if client is not None:
             await client.close()
 

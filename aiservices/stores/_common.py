@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from ..errors import AiServiceError
 from ..messages import (
@@ -23,6 +23,7 @@ __all__ = [
     "HistoryEntry",
     "MessageCache",
     "StoreSchemaError",
+    "appended_ids",
     "check_appended",
     "check_retention",
     "check_unique_ids",
@@ -116,6 +117,15 @@ def check_appended(appended: Sequence[ChatMessage]) -> None:
             )
     if len(appended) > 1:
         check_unique_ids(appended)
+
+
+def appended_ids(appended: Sequence[ChatMessage]) -> list[str]:
+    """The ``message_id`` of each appended message, checked as :func:`check_appended` does."""
+    new_ids = [m.message_id for m in appended]
+    # The common case, every id present and distinct, is told apart without a loop in Python.
+    if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
+        check_appended(appended)  # raises, saying which message is wrong
+    return cast("list[str]", new_ids)
 
 
 def check_unique_ids(messages: Sequence[ChatMessage]) -> None:

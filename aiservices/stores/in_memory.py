@@ -12,7 +12,7 @@ from typing import ClassVar
 from ..messages import ChatMessage
 from ._base import store_key
 from ._common import (
-    check_appended,
+    appended_ids,
     check_retention,
     check_unique_ids,
     duplicate_id_error,
@@ -101,9 +101,7 @@ class InMemoryChatMemoryStore:
     ) -> None:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
         key = store_key(memory_id)
-        new_ids = [m.message_id for m in appended]
-        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
-            check_appended(appended)  # raises, saying which message is wrong
+        new_ids = appended_ids(appended)
         with self._lock:
             conversation = self._conversations.get(key)
             if conversation is None:

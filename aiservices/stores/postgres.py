@@ -45,6 +45,7 @@ import psycopg.errors
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
 from ._base import store_key
 from ._common import (
@@ -52,7 +53,7 @@ from ._common import (
     HistoryEntry,
     MessageCache,
     StoreSchemaError,
-    check_appended,
+    appended_ids,
     check_unique_ids,
     duplicate_id_error,
     with_message_ids,
@@ -148,8 +149,7 @@ class PostgresChatMemoryStore:
                 f"psycopg.Connection, not {type(dsn_or_pool).__name__}"
             )
         self._async_pool = async_pool
-        self._loop_pools: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Any]] = {}
-        self._loop_lock = threading.Lock()
+        self._loop_pools: PerLoop[AsyncConnectionPool[Any]] = PerLoop()
         self._sql = _Statements(table)
         self._schema_ready = False
         self._schema_lock = threading.Lock()
@@ -320,9 +320,7 @@ class PostgresChatMemoryStore:
     def _apply_op(
         self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
     ) -> tuple[_Op, list[str]]:
-        new_ids = [m.message_id for m in appended]
-        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
-            check_appended(appended)  # raises, saying which message is wrong
+        appended_ids(appended)
         texts = [message_to_json(m) for m in appended]
         key = store_key(memory_id)
         s = self._sql
@@ -456,25 +454,21 @@ class PostgresChatMemoryStore:
             return self._async_pool
         if self._dsn is None:
             return None
+        dsn = self._dsn
         # An asyncio connection belongs to the event loop that opened it: one pool per loop.
-        loop = asyncio.get_running_loop()
-        pool = self._loop_pools.get(loop)
-        if pool is None:
-            with self._loop_lock:
-                for old in [old for old in self._loop_pools if old.is_closed()]:
-                    del self._loop_pools[old]
-                pool = self._loop_pools[loop] = AsyncConnectionPool(
-                    self._dsn,
-                    min_size=1,
-                    max_size=self._max_connections,
-                    kwargs={"autocommit": True},
-                    timeout=self._timeout,
-                    reconnect_timeout=self._timeout,
-                    check=_acheck_idle,
-                    open=False,
-                    name=f"aiservices:{self.table}:async",
-                )
-        return pool
+        return self._loop_pools.get(
+            lambda: AsyncConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=self._max_connections,
+                kwargs={"autocommit": True},
+                timeout=self._timeout,
+                reconnect_timeout=self._timeout,
+                check=_acheck_idle,
+                open=False,
+                name=f"aiservices:{self.table}:async",
+            )
+        )
 
     # -- closing -------------------------------------------------------------------------
 
@@ -485,23 +479,13 @@ class PostgresChatMemoryStore:
         it is running; one whose loop has already closed can no longer be closed (call
         :meth:`aclose` in the loop before it ends).
         """
-        with self._loop_lock:
-            pools = list(self._loop_pools.items())
-            self._loop_pools.clear()
-        for loop, pool in pools:
-            if loop.is_closed():
-                continue
-            if loop.is_running():
-                asyncio.run_coroutine_threadsafe(pool.close(), loop)
-            else:
-                loop.run_until_complete(pool.close())
+        for loop, pool in self._loop_pools.pop_all():
+            close_in_loop(loop, pool.close)
         self._source.close()
 
     async def aclose(self) -> None:
         """Close the pools this store made, the current event loop's one awaited."""
-        loop = asyncio.get_running_loop()
-        with self._loop_lock:
-            pool = self._loop_pools.pop(loop, None)
+        pool = self._loop_pools.pop()
         if pool is not None:
             await pool.close()
         await asyncio.to_thread(self.close)

@@ -26,8 +26,7 @@ import asyncio
 import base64
 import hashlib
 import secrets
-import threading
-from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -39,13 +38,14 @@ from redis.backoff import FullJitterBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
 from ._base import store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
     MessageCache,
-    check_appended,
+    appended_ids,
     check_unique_ids,
     duplicate_id_error,
     with_message_ids,
@@ -292,8 +292,7 @@ class RedisChatMemoryStore:
                 f"{type(url_or_client).__name__}"
             )
         self._async_client = async_client
-        self._loop_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
-        self._loop_lock = threading.Lock()
+        self._loop_clients: PerLoop[redis.asyncio.Redis] = PerLoop()
         self._cache = MessageCache()
 
     def __repr__(self) -> str:
@@ -439,17 +438,13 @@ class RedisChatMemoryStore:
             return self._async_client
         if self._url is None:
             return None
+        url = self._url
         # An asyncio connection belongs to the event loop that opened it: one client per loop.
-        loop = asyncio.get_running_loop()
-        client = self._loop_clients.get(loop)
-        if client is None:
-            with self._loop_lock:
-                for old in [old for old in self._loop_clients if old.is_closed()]:
-                    del self._loop_clients[old]
-                client = self._loop_clients[loop] = redis.asyncio.Redis.from_url(
-                    self._url, retry=redis.asyncio.retry.Retry(_BACKOFF, _RETRIES)
-                )
-        return client
+        return self._loop_clients.get(
+            lambda: redis.asyncio.Redis.from_url(
+                url, retry=redis.asyncio.retry.Retry(_BACKOFF, _RETRIES)
+            )
+        )
 
     def close(self) -> None:
         """Close the clients this store made from its URL (not clients passed in).
@@ -458,19 +453,14 @@ class RedisChatMemoryStore:
         if it is running; one whose loop has already closed can no longer be closed (call
         :meth:`aclose` in the loop before it ends).
         """
-        with self._loop_lock:
-            clients = list(self._loop_clients.items())
-            self._loop_clients.clear()
-        for loop, client in clients:
-            _close_in_loop(loop, client.aclose)
+        for loop, client in self._loop_clients.pop_all():
+            close_in_loop(loop, client.aclose)
         if self._url is not None:
             self._client.close()
 
     async def aclose(self) -> None:
         """Close the clients this store made, the current event loop's one awaited."""
-        loop = asyncio.get_running_loop()
-        with self._loop_lock:
-            client = self._loop_clients.pop(loop, None)
+        client = self._loop_clients.pop()
         if client is not None:
             await client.aclose()
         self.close()
@@ -495,9 +485,7 @@ class RedisChatMemoryStore:
     def _apply_args(
         self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
     ) -> tuple[_Keys, list[Any], list[str]]:
-        new_ids = [m.message_id for m in appended]
-        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
-            check_appended(appended)  # raises, saying which message is wrong
+        new_ids = appended_ids(appended)
         texts = [message_to_json(m) for m in appended]
         # 96 random bits: one write's token is never taken for another's.
         args: list[Any] = [*self._flags(), secrets.token_urlsafe(12), len(removed), *removed]
@@ -586,19 +574,6 @@ def _redact(url: str) -> str:
     if sep and "@" in rest:
         rest = "***@" + rest.rpartition("@")[2]
     return repr(f"{scheme}{sep}{rest}")
-
-
-def _close_in_loop(loop: asyncio.AbstractEventLoop, aclose: Callable[[], Awaitable[None]]) -> None:
-    if loop.is_closed():
-        return
-    if loop.is_running():
-        asyncio.run_coroutine_threadsafe(_await(aclose), loop)
-    else:
-        loop.run_until_complete(aclose())
-
-
-async def _await(aclose: Callable[[], Awaitable[None]]) -> None:
-    await aclose()
 
 
 def _text(value: object) -> str:

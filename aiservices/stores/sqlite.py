@@ -50,7 +50,7 @@ from ._common import (
     HistoryEntry,
     MessageCache,
     StoreSchemaError,
-    check_appended,
+    appended_ids,
     check_retention,
     check_unique_ids,
     duplicate_id_error,
@@ -300,9 +300,7 @@ class SqliteChatMemoryStore:
         """In one transaction, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message."""
         key = store_key(memory_id)
-        new_ids = [m.message_id for m in appended]
-        if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
-            check_appended(appended)  # raises, saying which message is wrong
+        appended_ids(appended)
         conn = self._connection()
         with self._shared.write_lock, conn:
             conn.execute("BEGIN IMMEDIATE")

@@ -530,7 +530,9 @@ def test_async_client_is_made_per_event_loop(
     async def first() -> str | None:
         text = (await model.achat(ask())).ai_message.text
         # Release the sockets but leave the entry, as a loop that ended without aclose() does.
-        await model._async_clients[asyncio.get_running_loop()].close()
+        client = model._async_clients.current()
+        assert client is not None
+        await client.close()
         return text
 
     async def second() -> tuple[str | None, int]:
