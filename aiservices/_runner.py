@@ -78,7 +78,6 @@ class ServiceState:
 
     model: ChatModel | None
     model_spec: str | None
-    chat_memory: ChatMemory | None
     memory_provider: ChatMemoryProvider | None
     toolbox: Toolbox
     tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None

@@ -19,12 +19,11 @@ from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
 from .models import ChatModel, ChatRequestParameters
+from .models._registry import PROVIDERS, parse_model_spec
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
 T = TypeVar("T")
-
-_PROVIDERS = {"openai": "openai", "anthropic": "anthropic"}
 
 
 class ChatMemoryAccess(Protocol):
@@ -140,15 +139,14 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
 
 def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
     if isinstance(model, str):
-        provider, sep, name = model.partition(":")
-        if not sep or not name or provider not in _PROVIDERS:
+        try:
+            provider, _ = parse_model_spec(model)
+        except ValueError as exc:
+            raise InterfaceError(f"model={model!r}: {exc}") from None
+        sdk = PROVIDERS[provider].sdk
+        if importlib.util.find_spec(sdk) is None:
             raise InterfaceError(
-                f"model={model!r}: use 'openai:MODEL' or 'anthropic:MODEL', or pass a "
-                "ChatModel object"
-            )
-        if importlib.util.find_spec(_PROVIDERS[provider]) is None:
-            raise InterfaceError(
-                f'model={model!r} needs the {provider} SDK: pip install "aiservices[{provider}]"'
+                f'model={model!r} needs the {sdk} SDK: pip install "aiservices[{provider}]"'
             )
         return None, model
     if not callable(getattr(model, "chat", None)):
@@ -204,7 +202,6 @@ def _build(
     state = ServiceState(
         model=chat_model,
         model_spec=model_spec,
-        chat_memory=chat_memory,
         memory_provider=chat_memory_provider,
         toolbox=toolbox,
         tool_provider=tool_provider,
