@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from aiservices.messages import SystemMessage, UserMessage, new_message_id
+from aiservices.messages import SystemMessage, new_message_id
 from aiservices.stores import (
     AsyncChatMemoryStore,
     IncrementalChatMemoryStore,
     InMemoryChatMemoryStore,
 )
 
-
-def user(text: str) -> UserMessage:
-    return UserMessage(text, message_id=new_message_id())
+from ._messages import user
 
 
 def test_it_is_an_incremental_store_that_does_no_io() -> None:

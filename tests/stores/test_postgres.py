@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -31,15 +31,8 @@ from aiservices.stores import (
 )
 from aiservices.stores.postgres import SCHEMA_VERSION, PostgresChatMemoryStore
 
+from ._messages import texts, user
 from ._server_backends import drop_postgres_tables, require_postgres
-
-
-def user(text: str) -> UserMessage:
-    return UserMessage(text, message_id=new_message_id())
-
-
-def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
-    return [getattr(m, "text", None) for m in messages]
 
 
 @pytest.fixture

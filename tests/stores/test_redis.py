@@ -7,7 +7,7 @@ import base64
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Annotated, Any, Protocol
 
@@ -16,7 +16,7 @@ import redis
 import redis.asyncio
 
 from aiservices import ChatMemoryAccess, MemoryId, MessageWindowChatMemory, ai_service
-from aiservices.messages import AiMessage, ChatMessage, UserMessage, new_message_id
+from aiservices.messages import AiMessage, ChatMessage, new_message_id
 from aiservices.models import ChatRequest
 from aiservices.stores import (
     AsyncChatMemoryStore,
@@ -28,15 +28,8 @@ from aiservices.stores import (
 from aiservices.stores.redis import RedisChatMemoryStore
 from aiservices.testing import ScriptedChatModel
 
+from ._messages import texts, user
 from ._server_backends import drop_redis_keys, require_redis
-
-
-def user(text: str) -> UserMessage:
-    return UserMessage(text, message_id=new_message_id())
-
-
-def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
-    return [getattr(m, "text", None) for m in messages]
 
 
 @pytest.fixture

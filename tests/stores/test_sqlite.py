@@ -6,7 +6,7 @@ import gc
 import multiprocessing
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +28,7 @@ from aiservices.stores import (
 )
 from aiservices.stores._common import MessageCache
 
-
-def user(text: str) -> UserMessage:
-    return UserMessage(text, message_id=new_message_id())
-
-
-def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
-    return [getattr(m, "text", None) for m in messages]
+from ._messages import texts, user
 
 
 @pytest.fixture

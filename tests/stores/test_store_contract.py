@@ -25,19 +25,12 @@ from aiservices.messages import (
 )
 from aiservices.stores import HistoryEntry, store_key
 
+from ._messages import texts, user
 from .conftest import OpenedBackend
-
-
-def user(text: str, **metadata: Any) -> UserMessage:
-    return UserMessage(text, message_id=metadata.pop("message_id", new_message_id()), **metadata)
 
 
 def dumps(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return [m.model_dump() for m in messages]
-
-
-def texts(messages: Sequence[ChatMessage]) -> list[str | None]:
-    return [getattr(m, "text", None) for m in messages]
 
 
 def ids(messages: Sequence[ChatMessage]) -> list[str | None]:

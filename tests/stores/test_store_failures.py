@@ -32,12 +32,12 @@ import redis.exceptions
 from psycopg import sql
 
 from aiservices import ChatMemoryAccess, MemoryId, MessageWindowChatMemory, ai_service
-from aiservices.messages import ChatMessage
 from aiservices.models import ChatRequest
 from aiservices.stores.postgres import PostgresChatMemoryStore
 from aiservices.stores.redis import RedisChatMemoryStore
 from aiservices.testing import ScriptedChatModel
 
+from ._messages import texts
 from ._server_backends import unavailable
 
 pytestmark = pytest.mark.slow
@@ -203,10 +203,6 @@ class Bot(ChatMemoryAccess, Protocol):
 
 class ABot(ChatMemoryAccess, Protocol):
     async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
-
-
-def texts(messages: list[ChatMessage]) -> list[str | None]:
-    return [getattr(m, "text", None) for m in messages]
 
 
 class Model(ScriptedChatModel):
