@@ -449,24 +449,39 @@ def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
     try:
         while True:
             op, argument = send(value)
-            if op == _MODEL:
-                value = model.chat(argument)
-            elif op == _READ:
-                assert memory is not None
-                value = memory.messages()
-            elif op == _TOOLS:
-                toolbox, requests, memory_id = argument
-                value = toolbox.execute_all(requests, memory_id)
-            else:
-                if memory is not None:
-                    _commit(memory, argument)
-                value = None
+            value = model.chat(argument) if op == _MODEL else do_io(op, argument, memory)
     except StopIteration as stop:
         return stop.value
     except BaseException as error:
         # Cancellation and interrupts too: listeners must see every call end.
         failed(state, call, error)
         raise
+
+
+def do_io(op: int, argument: Any, memory: ChatMemory | None) -> Any:
+    """Perform a turn's memory or tool operation, the blocking way."""
+    if op == _READ:
+        assert memory is not None
+        return memory.messages()
+    if op == _TOOLS:
+        toolbox, requests, memory_id = argument
+        return toolbox.execute_all(requests, memory_id)
+    if memory is not None:
+        _commit(memory, argument)
+    return None
+
+
+async def ado_io(op: int, argument: Any, memory: ChatMemory | None) -> Any:
+    """Perform a turn's memory or tool operation without blocking the event loop."""
+    if op == _READ:
+        assert memory is not None
+        return await _amemory(memory, "amessages", memory.messages)
+    if op == _TOOLS:
+        toolbox, requests, memory_id = argument
+        return await toolbox.aexecute_all(requests, memory_id)
+    if memory is not None:
+        await _acommit(memory, argument)
+    return None
 
 
 def _commit(memory: ChatMemory, argument: tuple[list[ChatMessage], ChatRequest, Any]) -> None:
@@ -516,16 +531,8 @@ async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -
                     value = await achat(argument)
                 else:
                     value = await asyncio.to_thread(model.chat, argument)
-            elif op == _READ:
-                assert memory is not None
-                value = await _amemory(memory, "amessages", memory.messages)
-            elif op == _TOOLS:
-                toolbox, requests, memory_id = argument
-                value = await toolbox.aexecute_all(requests, memory_id)
             else:
-                if memory is not None:
-                    await _acommit(memory, argument)
-                value = None
+                value = await ado_io(op, argument, memory)
     except StopIteration as stop:
         return stop.value
     except BaseException as error:

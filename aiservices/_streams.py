@@ -16,15 +16,12 @@ from ._plan import MethodPlan
 from ._result import Result
 from ._runner import (
     _MODEL,
-    _READ,
-    _TOOLS,
     ServiceState,
-    _acommit,
-    _amemory,
     _Call,
-    _commit,
     _turn,
+    ado_io,
     bind,
+    do_io,
     failed,
 )
 from .models import ChatResponse
@@ -162,16 +159,8 @@ def _chunks(state: ServiceState, call: _Call, sink: TextStream) -> Generator[str
                                 yield piece
                         if value is None:
                             raise _missing_final(model)
-                    elif op == _READ:
-                        assert memory is not None
-                        value = memory.messages()
-                    elif op == _TOOLS:
-                        toolbox, requests, memory_id = argument
-                        value = toolbox.execute_all(requests, memory_id)
                     else:
-                        if memory is not None:
-                            _commit(memory, argument)
-                        value = None
+                        value = do_io(op, argument, memory)
             except StopIteration as stop:
                 sink.result = stop.value
                 direct = _direct_text(stop.value)
@@ -236,16 +225,8 @@ async def _achunks(
                                 yield piece
                         if value is None:
                             raise _missing_final(model)
-                    elif op == _READ:
-                        assert memory is not None
-                        value = await _amemory(memory, "amessages", memory.messages)
-                    elif op == _TOOLS:
-                        toolbox, requests, memory_id = argument
-                        value = await toolbox.aexecute_all(requests, memory_id)
                     else:
-                        if memory is not None:
-                            await _acommit(memory, argument)
-                        value = None
+                        value = await ado_io(op, argument, memory)
             except StopIteration as stop:
                 sink.result = stop.value
                 direct = _direct_text(stop.value)
