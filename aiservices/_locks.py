@@ -20,6 +20,8 @@ __all__ = ["TurnLock"]
 class TurnLock:
     """Held for a whole turn; ``acquire`` blocks a thread, ``aacquire`` suspends a task."""
 
+    # Explicit acquire/release of the mutex rather than `with`: this runs twice per call,
+    # and the context-manager protocol costs more than the work it guards.
     __slots__ = ("_held", "_mutex", "_waiters")
 
     def __init__(self) -> None:
@@ -34,13 +36,30 @@ class TurnLock:
         return self._held
 
     def acquire(self) -> None:
-        with self._mutex:
-            if not self._held:
-                self._held = True
-                return
+        mutex = self._mutex
+        mutex.acquire()
+        if not self._held:
+            self._held = True
+            mutex.release()
+            return
+        try:
             event = threading.Event()
             self._waiters.append(event)
+        finally:
+            mutex.release()
         event.wait()
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free and nobody waits for it; never blocks."""
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            if self._held:
+                return False
+            self._held = True
+            return True
+        finally:
+            mutex.release()
 
     async def aacquire(self) -> None:
         import asyncio
@@ -68,18 +87,31 @@ class TurnLock:
             raise
 
     def release(self) -> None:
-        with self._mutex:
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if isinstance(waiter, threading.Event):
-                    waiter.set()
-                    return
-                future, loop = waiter
-                if future.done() or loop.is_closed():
-                    continue
-                loop.call_soon_threadsafe(self._hand_over, future)
-                return
+        mutex = self._mutex
+        mutex.acquire()
+        if not self._waiters:
             self._held = False
+            mutex.release()
+            return
+        try:
+            self._hand_on()
+        finally:
+            mutex.release()
+
+    def _hand_on(self) -> None:
+        # Called with the mutex held and waiters queued.
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if isinstance(waiter, threading.Event):
+                waiter.set()
+                return
+            future, loop = waiter
+            if future.done() or loop.is_closed():
+                continue
+            loop.call_soon_threadsafe(self._hand_over, future)
+            return
+        self._held = False
 
     def _hand_over(self, future: asyncio.Future[None]) -> None:
         if future.cancelled():

@@ -62,14 +62,19 @@ _now = datetime.now
 
 
 class Conversation:
-    """A cached memory with the lock that serialises its turns."""
+    """A cached memory with the lock that serialises its turns.
 
-    __slots__ = ("lock", "memory", "users")
+    ``retired`` is set, with the lock held, when the cache drops the conversation: a caller
+    that looked it up just before then finds the flag once it holds the lock, and looks
+    the memory id up again instead of running beside the conversation's successor.
+    """
+
+    __slots__ = ("lock", "memory", "retired")
 
     def __init__(self, memory: ChatMemory) -> None:
         self.memory = memory
         self.lock = TurnLock()
-        self.users = 0
+        self.retired = False
 
 
 @dataclass(slots=True)
@@ -109,14 +114,21 @@ class ServiceState:
     # -- conversations ---------------------------------------------------------------
 
     def conversation(self, memory_id: Hashable, *, create: bool = True) -> Conversation | None:
-        """The cached conversation for ``memory_id``, made by the provider on a miss."""
+        """The cached conversation for ``memory_id``, made by the provider on a miss.
+
+        Hold it with :func:`hold` or :func:`ahold`, which look again if it was retired.
+        """
         table = self.conversations
-        with self.table_lock:
+        lock = self.table_lock
+        # acquire/release rather than `with`: this runs on every call.
+        lock.acquire()
+        try:
             entry = table.get(memory_id)
             if entry is not None:
                 table.move_to_end(memory_id)
-                entry.users += 1
                 return entry
+        finally:
+            lock.release()
         if not create or self.memory_provider is None:
             return None
         memory = self.memory_provider(memory_id)
@@ -127,7 +139,6 @@ class ServiceState:
                 self._trim()
             else:
                 table.move_to_end(memory_id)
-            entry.users += 1
             return entry
 
     def _trim(self) -> None:
@@ -135,19 +146,18 @@ class ServiceState:
         excess = len(table) - self.cache_size
         if excess <= 0:
             return
-        # Least recently used first; a conversation in use keeps its lock alive.
-        for key in [k for k, c in table.items() if c.users == 0][:excess]:
-            del table[key]
-
-    def done(self, entry: Conversation) -> None:
-        with self.table_lock:
-            entry.users -= 1
+        # Least recently used first; a conversation in use (its lock held or awaited) stays.
+        for key, entry in list(table.items()):
+            if _retire(table, key, entry):
+                excess -= 1
+                if not excess:
+                    return
 
     def evict(self, memory_id: Hashable) -> None:
         with self.table_lock:
             entry = self.conversations.get(memory_id)
-            if entry is not None and entry.users == 0:
-                del self.conversations[memory_id]
+            if entry is not None:
+                _retire(self.conversations, memory_id, entry)
 
     def toolbox_for(self, memory_id: Hashable, user: UserMessage) -> Toolbox:
         provider = self.tool_provider
@@ -158,6 +168,43 @@ class ServiceState:
             return self.toolbox
         dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
         return self.toolbox.merge(dynamic) if self.toolbox else dynamic
+
+
+def _retire(table: OrderedDict[Hashable, Conversation], key: Hashable, entry: Conversation) -> bool:
+    if not entry.lock.try_acquire():
+        return False
+    entry.retired = True
+    del table[key]
+    entry.lock.release()
+    return True
+
+
+def hold(state: ServiceState, call: _Call) -> Conversation:
+    """Take the call's conversation lock, following the conversation if it was retired."""
+    conversation = call.conversation
+    assert conversation is not None
+    while True:
+        lock = conversation.lock
+        lock.acquire()
+        if not conversation.retired:
+            return conversation
+        lock.release()
+        conversation = call.conversation = state.conversation(call.memory_id)
+        assert conversation is not None
+
+
+async def ahold(state: ServiceState, call: _Call) -> Conversation:
+    """:func:`hold` for a task: waits without blocking the event loop."""
+    conversation = call.conversation
+    assert conversation is not None
+    while True:
+        lock = conversation.lock
+        await lock.aacquire()
+        if not conversation.retired:
+            return conversation
+        lock.release()
+        conversation = call.conversation = state.conversation(call.memory_id)
+        assert conversation is not None
 
 
 @dataclass(slots=True)
@@ -211,20 +258,23 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> _Call:
     elif state.single is not None:
         conversation = state.single
         memory_id = conversation.memory.id
-        with state.table_lock:
-            conversation.users += 1
     elif state.memory_provider is not None:
         memory_id = DEFAULT_MEMORY_ID
         conversation = state.conversation(memory_id)
 
-    values = {name: args[i] for name, i in plan.variables} if plan.variables else {}
+    system_template, user_template = plan.system_template, plan.user_template
+    values = (
+        {name: args[i] for name, i in plan.variables}
+        if system_template is not None or user_template is not None
+        else {}
+    )
     system: str | None = None
-    if plan.system_template is not None:
-        system = plan.system_template.render(values)
+    if system_template is not None:
+        system = system_template.render(values)
     elif state.system_message_provider is not None:
         system = state.system_message_provider(memory_id)
-    if plan.user_template is not None:
-        text = plan.user_template.render(values)
+    if user_template is not None:
+        text = user_template.render(values)
     else:
         assert plan.user_message_index is not None
         value = args[plan.user_message_index]
@@ -428,17 +478,13 @@ def failed(state: ServiceState, call: _Call, error: BaseException) -> None:
 def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
     """Run a call on the calling thread."""
     call = bind(state, plan, args)
-    conversation = call.conversation
-    if conversation is None:
+    if call.conversation is None:
         return _drive(state, call, None)
+    conversation = hold(state, call)
     try:
-        conversation.lock.acquire()
-        try:
-            return _drive(state, call, conversation.memory)
-        finally:
-            conversation.lock.release()
+        return _drive(state, call, conversation.memory)
     finally:
-        state.done(conversation)
+        conversation.lock.release()
 
 
 def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
@@ -502,17 +548,13 @@ def _observe(memory: ChatMemory, request: ChatRequest, response: ChatResponse) -
 async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
     """Run a call on the running event loop; blocking I/O goes to worker threads."""
     call = bind(state, plan, args)
-    conversation = call.conversation
-    if conversation is None:
+    if call.conversation is None:
         return await _adrive(state, call, None)
+    conversation = await ahold(state, call)
     try:
-        await conversation.lock.aacquire()
-        try:
-            return await _adrive(state, call, conversation.memory)
-        finally:
-            conversation.lock.release()
+        return await _adrive(state, call, conversation.memory)
     finally:
-        state.done(conversation)
+        conversation.lock.release()
 
 
 async def _adrive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:

@@ -20,9 +20,11 @@ from ._runner import (
     _Call,
     _turn,
     ado_io,
+    ahold,
     bind,
     do_io,
     failed,
+    hold,
 )
 from .models import ChatResponse
 
@@ -44,11 +46,10 @@ class TextStream(Iterator[str]):
     executions. Declare ``-> TextStream`` instead of ``-> Iterator[str]`` to have it typed.
     """
 
-    __slots__ = ("_chunks", "_release", "result")
+    __slots__ = ("_chunks", "result")
 
-    def __init__(self, chunks: Generator[str, None, None], release: Any) -> None:
+    def __init__(self, chunks: Generator[str, None, None]) -> None:
         self._chunks = chunks
-        self._release = release
         self.result: Result[str] | None = None
 
     def __iter__(self) -> TextStream:
@@ -59,7 +60,6 @@ class TextStream(Iterator[str]):
 
     def close(self) -> None:
         """Stop the stream early; nothing of the turn is recorded."""
-        self._never_started()
         self._chunks.close()
 
     def __enter__(self) -> TextStream:
@@ -68,24 +68,14 @@ class TextStream(Iterator[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _never_started(self) -> None:
-        # The body clears _release when it starts; a stream never iterated must still
-        # give its conversation back.
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-    __del__ = _never_started
-
 
 class AsyncTextStream(AsyncIterator[str]):
     """The async form of ``TextStream``: ``async for`` it, then read ``result``."""
 
-    __slots__ = ("_chunks", "_release", "result")
+    __slots__ = ("_chunks", "result")
 
-    def __init__(self, chunks: AsyncGenerator[str, None], release: Any) -> None:
+    def __init__(self, chunks: AsyncGenerator[str, None]) -> None:
         self._chunks = chunks
-        self._release = release
         self.result: Result[str] | None = None
 
     def __aiter__(self) -> AsyncTextStream:
@@ -96,7 +86,6 @@ class AsyncTextStream(AsyncIterator[str]):
 
     async def aclose(self) -> None:
         """Stop the stream early; nothing of the turn is recorded."""
-        self._never_started()
         await self._chunks.aclose()
 
     async def __aenter__(self) -> AsyncTextStream:
@@ -104,13 +93,6 @@ class AsyncTextStream(AsyncIterator[str]):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    def _never_started(self) -> None:
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-    __del__ = _never_started
 
 
 def _direct_text(result: Result[Any]) -> str | None:
@@ -123,68 +105,57 @@ def _direct_text(result: Result[Any]) -> str | None:
 def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> TextStream:
     """Start a streaming call: bind now, run when the first chunk is asked for."""
     call = bind(state, plan, args)
-    conversation = call.conversation
-    release = (lambda: state.done(conversation)) if conversation is not None else None
     stream = TextStream.__new__(TextStream)
-    TextStream.__init__(stream, _chunks(state, call, stream), release)
+    TextStream.__init__(stream, _chunks(state, call, stream))
     return stream
 
 
 def _chunks(state: ServiceState, call: _Call, sink: TextStream) -> Generator[str, None, None]:
-    conversation = call.conversation
+    conversation = hold(state, call) if call.conversation is not None else None
     try:
-        if conversation is not None:
-            conversation.lock.acquire()
+        model = state.model or state.chat_model()
+        stream = getattr(model, "stream", None)
+        memory = conversation.memory if conversation is not None else None
+        turn = _turn(state, call)
+        value: Any = None
         try:
-            sink._release = None
-            model = state.model or state.chat_model()
-            stream = getattr(model, "stream", None)
-            memory = conversation.memory if conversation is not None else None
-            turn = _turn(state, call)
-            value: Any = None
-            try:
-                while True:
-                    op, argument = turn.send(value)
-                    if op == _MODEL:
-                        if stream is None:
-                            value = model.chat(argument)
-                            if value.ai_message.text:
-                                yield value.ai_message.text
-                            continue
-                        value = None
-                        for piece in stream(argument):
-                            if isinstance(piece, ChatResponse):
-                                value = piece
-                            elif piece:
-                                yield piece
-                        if value is None:
-                            raise _missing_final(model)
-                    else:
-                        value = do_io(op, argument, memory)
-            except StopIteration as stop:
-                sink.result = stop.value
-                direct = _direct_text(stop.value)
-                if direct:
-                    yield direct
-            except BaseException as error:
-                # An early close (GeneratorExit) or a cancellation ends the call too.
-                failed(state, call, error)
-                raise
-        finally:
-            if conversation is not None:
-                conversation.lock.release()
+            while True:
+                op, argument = turn.send(value)
+                if op == _MODEL:
+                    if stream is None:
+                        value = model.chat(argument)
+                        if value.ai_message.text:
+                            yield value.ai_message.text
+                        continue
+                    value = None
+                    for piece in stream(argument):
+                        if isinstance(piece, ChatResponse):
+                            value = piece
+                        elif piece:
+                            yield piece
+                    if value is None:
+                        raise _missing_final(model)
+                else:
+                    value = do_io(op, argument, memory)
+        except StopIteration as stop:
+            sink.result = stop.value
+            direct = _direct_text(stop.value)
+            if direct:
+                yield direct
+        except BaseException as error:
+            # An early close (GeneratorExit) or a cancellation ends the call too.
+            failed(state, call, error)
+            raise
     finally:
         if conversation is not None:
-            state.done(conversation)
+            conversation.lock.release()
 
 
 def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncTextStream:
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
     call = bind(state, plan, args)
-    conversation = call.conversation
-    release = (lambda: state.done(conversation)) if conversation is not None else None
     stream = AsyncTextStream.__new__(AsyncTextStream)
-    AsyncTextStream.__init__(stream, _achunks(state, call, stream), release)
+    AsyncTextStream.__init__(stream, _achunks(state, call, stream))
     return stream
 
 
@@ -193,52 +164,45 @@ async def _achunks(
 ) -> AsyncGenerator[str, None]:
     import asyncio
 
-    conversation = call.conversation
+    conversation = await ahold(state, call) if call.conversation is not None else None
     try:
-        if conversation is not None:
-            await conversation.lock.aacquire()
+        model = state.model or state.chat_model()
+        astream = getattr(model, "astream", None)
+        achat = getattr(model, "achat", None)
+        memory = conversation.memory if conversation is not None else None
+        turn = _turn(state, call)
+        value: Any = None
         try:
-            sink._release = None
-            model = state.model or state.chat_model()
-            astream = getattr(model, "astream", None)
-            achat = getattr(model, "achat", None)
-            memory = conversation.memory if conversation is not None else None
-            turn = _turn(state, call)
-            value: Any = None
-            try:
-                while True:
-                    op, argument = turn.send(value)
-                    if op == _MODEL:
-                        if astream is None:
-                            if achat is not None:
-                                value = await achat(argument)
-                            else:
-                                value = await asyncio.to_thread(model.chat, argument)
-                            if value.ai_message.text:
-                                yield value.ai_message.text
-                            continue
-                        value = None
-                        async for piece in astream(argument):
-                            if isinstance(piece, ChatResponse):
-                                value = piece
-                            elif piece:
-                                yield piece
-                        if value is None:
-                            raise _missing_final(model)
-                    else:
-                        value = await ado_io(op, argument, memory)
-            except StopIteration as stop:
-                sink.result = stop.value
-                direct = _direct_text(stop.value)
-                if direct:
-                    yield direct
-            except BaseException as error:
-                # An early close (GeneratorExit) or a cancellation ends the call too.
-                failed(state, call, error)
-                raise
-        finally:
-            if conversation is not None:
-                conversation.lock.release()
+            while True:
+                op, argument = turn.send(value)
+                if op == _MODEL:
+                    if astream is None:
+                        if achat is not None:
+                            value = await achat(argument)
+                        else:
+                            value = await asyncio.to_thread(model.chat, argument)
+                        if value.ai_message.text:
+                            yield value.ai_message.text
+                        continue
+                    value = None
+                    async for piece in astream(argument):
+                        if isinstance(piece, ChatResponse):
+                            value = piece
+                        elif piece:
+                            yield piece
+                    if value is None:
+                        raise _missing_final(model)
+                else:
+                    value = await ado_io(op, argument, memory)
+        except StopIteration as stop:
+            sink.result = stop.value
+            direct = _direct_text(stop.value)
+            if direct:
+                yield direct
+        except BaseException as error:
+            # An early close (GeneratorExit) or a cancellation ends the call too.
+            failed(state, call, error)
+            raise
     finally:
         if conversation is not None:
-            state.done(conversation)
+            conversation.lock.release()

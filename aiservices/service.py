@@ -58,25 +58,25 @@ class _ServiceBase:
             )
         conversation = state.conversation(memory_id)
         assert conversation is not None
-        state.done(conversation)
         return conversation.memory
 
     def evict_chat_memory(self, memory_id: Hashable) -> None:
         self._state.evict(memory_id)
 
     def forget(self, memory_id: Hashable) -> None:
+        state = self._state
         memory = self.get_chat_memory(memory_id)
-        conversation = self._state.conversation(memory_id, create=False)
+        conversation = state.conversation(memory_id, create=False)
         if conversation is None:
             _erase(memory)
         else:
+            # Hold the turn lock as a call would, so that no turn runs during the erase.
             conversation.lock.acquire()
             try:
-                _erase(memory)
+                _erase(conversation.memory)
             finally:
                 conversation.lock.release()
-                self._state.done(conversation)
-        self._state.evict(memory_id)
+        state.evict(memory_id)
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} service>"
