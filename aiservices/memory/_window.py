@@ -186,6 +186,8 @@ class WindowChatMemory:
         # Costs the fast add path counted before handing a batch to the general one, by
         # id() of the message: each message is counted once.
         self._counted: dict[int, int] = {}
+        # Whether an add may take the fast path for plain messages (see _stage_plain).
+        self._plain_adds = not self._whole_turns and not self._calibrate and self._apply is not None
         if self._calibrate:
             self._gone = {}
             # Only a calibrating memory wraps its _trim: the others pay nothing per add.
@@ -216,10 +218,28 @@ class WindowChatMemory:
 
         A limit lowered since the last write trims here; the store is trimmed at the next add.
         """
-        with self._lock:
-            limit = self._read_limit()
-            self._state = self._refresh(self._get(self._id), limit)
-            return self._state.snapshot()
+        # acquire/release rather than `with`, and the usual case inline: this runs on every
+        # call of a service.
+        lock = self._lock
+        lock.acquire()
+        try:
+            limit = self._fixed_limit if self._limit_fn is None else self._read_limit()
+            stored = self._get(self._id)
+            state = self._state
+            if (
+                state is not None
+                and state.system is None
+                and state.limit == limit
+                and not state.pending
+                and not state.rewrite
+                and len(stored) == len(state.msgs)
+                and all(map(operator.is_, stored, state.msgs))
+            ):
+                return state.msgs.copy()
+            self._state = state = self._refresh(stored, limit)
+            return state.snapshot()
+        finally:
+            lock.release()
 
     def add(self, *messages: ChatMessage) -> None:
         """Add messages in order with one store write, then evict what no longer fits.
@@ -228,21 +248,33 @@ class WindowChatMemory:
         """
         if not messages:
             return
-        _check_messages(messages, "add")
-        with self._lock:
-            limit = self._read_limit()
-            if self._state is None:
-                self._state = self._build(self._get(self._id), limit, from_store=True)
-            write = self._stage(messages, self._state, limit)
-            if write is not None:
-                try:
-                    if write.full is None and self._apply is not None:
-                        self._apply(self._id, appended=write.appended, removed=write.removed)
-                    else:
-                        self._update(self._id, write.full or [])
-                except BaseException:
-                    self._state = None
-                    raise
+        lock = self._lock
+        lock.acquire()
+        try:
+            limit = self._fixed_limit if self._limit_fn is None else self._read_limit()
+            state = self._state
+            write: _Write | None = None
+            if state is not None and self._plain_adds and not state.pending and not state.rewrite:
+                write = self._stage_plain(messages, state, limit)
+            if write is None:
+                _check_messages(messages, "add")
+                if state is None:
+                    state = self._state = self._build(self._get(self._id), limit, from_store=True)
+                    write = self._stage(messages, state, limit)
+                else:
+                    write = self._stage_any(messages, state, limit)
+                if write is None:
+                    return
+            try:
+                if write.full is None and self._apply is not None:
+                    self._apply(self._id, appended=write.appended, removed=write.removed)
+                else:
+                    self._update(self._id, write.full or [])
+            except BaseException:
+                self._state = None
+                raise
+        finally:
+            lock.release()
 
     def set(self, messages: Iterable[ChatMessage]) -> None:
         """Replace the conversation with ``messages``, under the window's rules."""
@@ -505,7 +537,7 @@ class WindowChatMemory:
 
     def _stage(self, messages: Sequence[ChatMessage], state: _State, limit: int) -> _Write | None:
         """Apply an add to ``state`` and return the store write it needs (``None``: none)."""
-        if not state.pending and not state.rewrite and self._apply is not None:
+        if self._plain_adds and not state.pending and not state.rewrite:
             plain = self._stage_plain(messages, state, limit)
             if plain is not None:
                 return plain
@@ -520,52 +552,64 @@ class WindowChatMemory:
         ``None`` when anything is less simple; :meth:`_stage_any` then handles the add.
         Nothing changes before the checks pass.
         """
-        if self._whole_turns or self._gone is not None:
-            return None
-        known = state.known
-        ids: list[str] = []
+        ids: list[str | None] = []
         for m in messages:
-            if not _plain(m):
+            kind = type(m)
+            if kind is not UserMessage and (kind is not AiMessage or m.tool_execution_requests):  # type: ignore[union-attr]
                 return None
-            mid = m.message_id
-            if mid is None or mid in known:
-                return None
-            ids.append(mid)
-        if len(ids) > 1 and len(set(ids)) < len(ids):
+            ids.append(m.message_id)
+        known = state.known
+        n = len(ids)
+        if None in ids or not known.keys().isdisjoint(ids) or (n > 1 and len(set(ids)) < n):
             return None
         unit = self._unit_cost
         if unit is None:
             cost = self._cost
             costs = [cost(m) for m in messages]  # may raise: nothing has changed yet
+            added = sum(costs)
         else:
-            costs = [unit] * len(messages)
+            costs = [unit] * n
+            added = unit * n
         msgs = state.msgs
-        over = state.total + sum(costs) + state.system_cost - limit
+        over = state.total + added + state.system_cost - limit
         k = 0
+        removed: list[str] = []
         if over > 0:
             # Evict plain front messages only; the rules for tool exchanges, whole turns
             # and an oversize newest message stay with the general path.
             front_costs = state.costs
-            n = len(msgs)
+            size = len(msgs)
             while over > 0:
-                if k >= n or msgs[k].message_id is None or not _plain(msgs[k]):
-                    self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
-                    return None
+                if k >= size:
+                    break
+                m = msgs[k]
+                kind = type(m)
+                if kind is not UserMessage and (
+                    kind is not AiMessage or m.tool_execution_requests  # type: ignore[union-attr]
+                ):
+                    break
                 over -= front_costs[k]
                 k += 1
-        state.limit = limit
-        removed: list[str] = []
-        if k:
+            if over > 0:
+                self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
+                return None
             removed = [m.message_id for m in msgs[:k]]  # type: ignore[misc]
+            if None in removed:
+                self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
+                return None
+        state.limit = limit
+        if k:
             for mid in removed:
                 del known[mid]
-            state.total -= sum(state.costs[:k])
+            front_costs = state.costs
+            state.total -= k * unit if unit is not None else sum(front_costs[:k])
             del msgs[:k]
-            del state.costs[:k]
-            state.system_pos = max(0, state.system_pos - k)
+            del front_costs[:k]
+            if state.system_pos:
+                state.system_pos = max(0, state.system_pos - k)
         msgs += messages
         state.costs += costs
-        state.total += sum(costs)
+        state.total += added
         known.update(zip(ids, costs, strict=True))
         return _Write(None, list(messages), removed)
 
