@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Hashable, Sequence
-from collections.abc import Set as AbstractSet
 from datetime import timedelta
 from typing import ClassVar
 
 from ..messages import ChatMessage
-from ._base import store_key
+from ._base import _TYPED, store_key
 from ._common import (
     appended_ids,
     check_retention,
@@ -26,14 +25,17 @@ __all__ = ["InMemoryChatMemoryStore"]
 class _Conversation:
     # messages[start:] is the conversation. Evicting from the front only moves start; the
     # dead head is cut off once it outgrows the rest, so a turn costs the same however long
-    # the window. The ids mirror the messages: duplicate checks and removals need no scan.
+    # the window. mids holds each message's id, in step with messages, and ids the same as
+    # a set: a window's eviction is recognised by one slice comparison, and duplicate
+    # checks need no scan.
     # written: time.monotonic() of the last write, for retention.
-    __slots__ = ("ids", "messages", "start", "written")
+    __slots__ = ("ids", "messages", "mids", "start", "written")
 
     def __init__(self, messages: list[ChatMessage], written: float) -> None:
         self.messages = messages
         self.start = 0
-        self.ids: set[str | None] = {m.message_id for m in messages}
+        self.mids: list[str | None] = [m.message_id for m in messages]
+        self.ids: set[str | None] = set(self.mids)
         self.written = written
 
 
@@ -73,10 +75,19 @@ class InMemoryChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
-        key = store_key(memory_id)
-        with self._lock:
+        key = (
+            memory_id
+            if type(memory_id) is str and not memory_id.startswith(_TYPED)
+            else store_key(memory_id)
+        )
+        # acquire/release rather than `with`: this runs on every call of a service.
+        lock = self._lock
+        lock.acquire()
+        try:
             conversation = self._conversations.get(key)
             return [] if conversation is None else conversation.messages[conversation.start :]
+        finally:
+            lock.release()
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the stored conversation equal to ``messages``."""
@@ -100,8 +111,40 @@ class InMemoryChatMemoryStore:
         removed: Collection[str],
     ) -> None:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
-        key = store_key(memory_id)
+        key = (
+            memory_id
+            if type(memory_id) is str and not memory_id.startswith(_TYPED)
+            else store_key(memory_id)
+        )
         new_ids = appended_ids(appended)
+        lock = self._lock
+        lock.acquire()
+        try:
+            conversation = self._conversations.get(key)
+            # The usual write: to a stored conversation, no appended id already there.
+            if conversation is not None and conversation.ids.isdisjoint(new_ids):
+                conversation.written = _monotonic()
+                if removed:
+                    _remove(conversation, removed)
+                if appended:
+                    conversation.messages += appended
+                    conversation.mids += new_ids
+                    conversation.ids.update(new_ids)
+                elif not conversation.ids:
+                    del self._conversations[key]
+                return
+        finally:
+            lock.release()
+        self._apply_changes(key, memory_id, appended, new_ids, removed)
+
+    def _apply_changes(
+        self,
+        key: str,
+        memory_id: Hashable,
+        appended: Sequence[ChatMessage],
+        new_ids: list[str],
+        removed: Collection[str],
+    ) -> None:
         with self._lock:
             conversation = self._conversations.get(key)
             if conversation is None:
@@ -110,18 +153,17 @@ class InMemoryChatMemoryStore:
                 now = _monotonic()
                 self._conversations[key] = _Conversation(list(appended), now)
             else:
-                conversation.written = _monotonic()
                 ids = conversation.ids
                 gone = ids.intersection(removed) if removed else _NOTHING
-                if not ids.isdisjoint(new_ids):
-                    for mid in new_ids:
-                        if mid in ids and mid not in gone:
-                            raise duplicate_id_error(mid, memory_id)
+                for mid in new_ids:
+                    if mid in ids and mid not in gone:
+                        raise duplicate_id_error(mid, memory_id)
+                conversation.written = _monotonic()
                 if gone:
                     _remove(conversation, gone)
-                    ids -= gone
                 if appended:
-                    conversation.messages.extend(appended)
+                    conversation.messages += appended
+                    conversation.mids += new_ids
                     ids.update(new_ids)
                 elif not ids:
                     del self._conversations[key]
@@ -167,23 +209,38 @@ _monotonic = time.monotonic
 _NOTHING: frozenset[str | None] = frozenset()
 
 
-def _remove(conversation: _Conversation, gone: AbstractSet[str | None]) -> None:
-    # A window evicts from its front (after a pinned system message, perhaps): scan only up
-    # to the last removed message.
-    messages, start = conversation.messages, conversation.start
-    left = len(gone)
-    end, size = start, len(messages)
-    while end < size:
-        end += 1
-        if messages[end - 1].message_id in gone:
-            left -= 1
-            if not left:
-                break
-    if end - start == len(gone):
-        start = end
+def _remove(conversation: _Conversation, removed: Collection[str | None]) -> None:
+    """Remove the stored messages whose id is in ``removed``; unknown ids are ignored."""
+    messages, mids, start = conversation.messages, conversation.mids, conversation.start
+    ids = conversation.ids
+    count = len(removed)
+    if type(removed) is list and mids[start : start + count] == removed:
+        # A window evicting its oldest messages, in order: the usual case.
+        start += count
+        ids.difference_update(removed)
     else:
-        messages[start:end] = [m for m in messages[start:end] if m.message_id not in gone]
+        gone = ids.intersection(removed)
+        if not gone:
+            return
+        ids -= gone
+        # A window evicts from its front (after a pinned system message, perhaps): scan
+        # only up to the last removed message.
+        left = len(gone)
+        end, size = start, len(mids)
+        while end < size:
+            end += 1
+            if mids[end - 1] in gone:
+                left -= 1
+                if not left:
+                    break
+        if end - start == len(gone):
+            start = end
+        else:
+            kept = [i for i in range(start, end) if mids[i] not in gone]
+            messages[start:end] = [messages[i] for i in kept]
+            mids[start:end] = [mids[i] for i in kept]
     if start > 32 and start * 2 > len(messages):
         del messages[:start]
+        del mids[:start]
         start = 0
     conversation.start = start
