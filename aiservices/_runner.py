@@ -228,7 +228,15 @@ def _stamp(cls: type[Any], values: dict[str, Any], turn_id: str) -> Any:
 
 
 def _recorded(message: ChatMessage, turn_id: str) -> Any:
-    return _stamp(type(message), dict(message.__dict__), turn_id)
+    return _trusted(
+        type(message),
+        {
+            **message.__dict__,
+            "message_id": new_message_id(),
+            "turn_id": turn_id,
+            "created_at": _now(UTC),
+        },
+    )
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> _Call:
@@ -325,9 +333,20 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
         )
         emit(hooks.on_call_start, info)
     history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
-    messages, system = _request_base(history, call.system_text, turn_id)
-    user = _stamp(
-        UserMessage, {"type": "user", "text": call.user_text, "name": call.user_name}, turn_id
+    if call.system_text is None and SystemMessage not in map(type, history):
+        messages, system = [*history], None  # the usual case, without a scan in Python
+    else:
+        messages, system = _request_base(history, call.system_text, turn_id)
+    user = _trusted(
+        UserMessage,
+        {
+            "type": "user",
+            "text": call.user_text,
+            "name": call.user_name,
+            "message_id": new_message_id(),
+            "turn_id": turn_id,
+            "created_at": _now(UTC),
+        },
     )
     messages.append(user)
     recorded: list[ChatMessage] = [user] if system is None else [system, user]
