@@ -146,8 +146,9 @@ class ServiceState:
         excess = len(table) - self.cache_size
         if excess <= 0:
             return
-        # Least recently used first; a conversation in use (its lock held or awaited) stays.
-        for key, entry in list(table.items()):
+        # Least recently used first; a conversation in use (its lock held or awaited) stays,
+        # and so does the newest, which its caller is about to take.
+        for key, entry in list(table.items())[:-1]:
             if _retire(table, key, entry):
                 excess -= 1
                 if not excess:

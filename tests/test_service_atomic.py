@@ -101,6 +101,161 @@ async def test_distinct_ids_run_in_parallel_with_little_overhead() -> None:
     assert elapsed < 1.0
 
 
+def test_a_cache_of_one_evicting_all_the_time_still_serialises_each_id() -> None:
+    # Two ids and room for one: nearly every call evicts the other id's conversation, so
+    # callers keep finding the conversation they looked up retired by the time they hold it.
+    store = InMemoryChatMemoryStore()
+    active: dict[str, int] = {"a": 0, "b": 0}
+    overlaps: list[str] = []
+    guard = threading.Lock()
+
+    def answer(request: ChatRequest) -> str:
+        text = request.messages[-1].text
+        key = text[0]
+        with guard:
+            active[key] += 1
+            if active[key] > 1:
+                overlaps.append(text)
+        time.sleep(0.0005)
+        with guard:
+            active[key] -= 1
+        return f"echo:{text}"
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default=answer),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=1000, store=store),
+        chat_memory_cache_size=1,
+    )
+
+    def worker(t: int) -> None:
+        for i in range(20):
+            key = "ab"[(t + i) % 2]
+            bot.chat(key, f"{key}{t}-{i}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlaps == []
+    for key in "ab":
+        messages = store.get_messages(key)
+        assert len(messages) == 120
+        for question, reply in zip(messages[::2], messages[1::2], strict=True):
+            assert question.text.startswith(key)
+            assert reply == AiMessage(f"echo:{question.text}")
+
+
+class Recording:
+    """A chat memory that counts the adds made through it."""
+
+    def __init__(self, inner: MessageWindowChatMemory) -> None:
+        self.inner = inner
+        self.adds = 0
+
+    @property
+    def id(self) -> Hashable:
+        return self.inner.id
+
+    def messages(self) -> list[ChatMessage]:
+        return self.inner.messages()
+
+    def add(self, *messages: ChatMessage) -> None:
+        self.adds += 1
+        self.inner.add(*messages)
+
+    def clear(self) -> None:
+        self.inner.clear()
+
+
+def test_a_call_whose_conversation_is_evicted_before_it_holds_it_takes_the_new_one() -> None:
+    # The system message provider runs between a call's lookup of its conversation and
+    # taking its lock: evicting there retires the conversation the call already has.
+    made: list[Recording] = []
+    base = MessageWindowChatMemory.provider(max_messages=100)
+
+    def provider(memory_id: Hashable) -> Recording:
+        memory = Recording(base(memory_id))
+        made.append(memory)
+        return memory
+
+    evictions = 0
+
+    def system(memory_id: object) -> str | None:
+        nonlocal evictions
+        if evictions < 2:
+            evictions += 1
+            bot.evict_chat_memory(memory_id)
+        return None
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default=echo),
+        chat_memory_provider=provider,  # type: ignore[arg-type]
+        system_message_provider=system,
+    )
+    assert bot.chat("a", "one") == "echo:one"
+    assert bot.chat("a", "two") == "echo:two"
+    assert evictions == 2
+    # Each call ran on the conversation that replaced the retired one, never on the latter.
+    assert [memory.adds for memory in made] == [0, 1, 1]
+    assert bot.get_chat_memory("a") is made[-1]
+    assert [m.text for m in made[-1].messages()] == ["one", "echo:one", "two", "echo:two"]
+
+
+async def test_an_async_call_follows_a_retired_conversation_too() -> None:
+    made: list[Recording] = []
+    base = MessageWindowChatMemory.provider(max_messages=100)
+
+    def provider(memory_id: Hashable) -> Recording:
+        made.append(Recording(base(memory_id)))
+        return made[-1]
+
+    def system(memory_id: object) -> str | None:
+        if len(made) == 1:
+            bot.evict_chat_memory(memory_id)
+        return None
+
+    bot = ai_service(
+        ABot,
+        model=ScriptedChatModel(default=echo),
+        chat_memory_provider=provider,  # type: ignore[arg-type]
+        system_message_provider=system,
+    )
+    assert await bot.chat("a", "one") == "echo:one"
+    assert [memory.adds for memory in made] == [0, 1]
+
+
+def test_a_conversation_in_use_is_not_evicted() -> None:
+    entered = threading.Event()
+    go_on = threading.Event()
+
+    def slow(request: ChatRequest) -> str:
+        if request.messages[-1].text == "wait":
+            entered.set()
+            assert go_on.wait(5)
+        return "ok"
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default=slow),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=100),
+        chat_memory_cache_size=1,
+    )
+    bot.chat("a", "first")
+    memory = bot.get_chat_memory("a")
+    running = threading.Thread(target=bot.chat, args=("a", "wait"))
+    running.start()
+    assert entered.wait(5)
+    bot.chat("b", "hello")  # over the cache's size, but "a" is mid-turn: "b" alone can go
+    bot.evict_chat_memory("a")  # a no-op while the turn runs
+    go_on.set()
+    running.join()
+    assert bot.get_chat_memory("a") is memory
+    assert [m.text for m in memory.messages()] == ["first", "ok", "wait", "ok"]
+
+
 class Mixed(ChatMemoryAccess, Protocol):
     def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
 
