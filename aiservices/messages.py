@@ -13,7 +13,6 @@ import functools
 import itertools
 import json
 import os
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Annotated, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
@@ -258,16 +257,16 @@ _MESSAGE_TYPES: Final = (SystemMessage, UserMessage, AiMessage, ToolExecutionRes
 
 
 class _IdSource:
-    # A random per-process prefix and a counter: unique across processes (the prefix is
-    # drawn again after a fork), ordered within one, and ~10x cheaper than uuid4().
-    __slots__ = ("counter", "prefix")
+    # A random per-process prefix (80 bits) above a 48-bit counter: unique across processes
+    # (the prefix is drawn again after a fork), ordered within one, and ~20x cheaper than
+    # uuid4(). One int counts both, so an id costs one increment and one hex conversion.
+    __slots__ = ("counter",)
 
     def __init__(self) -> None:
         self.reseed()
 
     def reseed(self) -> None:
-        self.prefix = uuid.uuid4().hex[:20]
-        self.counter = itertools.count(1)
+        self.counter = itertools.count((int.from_bytes(os.urandom(10), "big") << 48) + 1)
 
 
 _ids = _IdSource()
@@ -276,7 +275,7 @@ os.register_at_fork(after_in_child=_ids.reseed)
 
 def new_message_id() -> str:
     """A fresh message id: 32 hex characters, unique across processes."""
-    return f"{_ids.prefix}{next(_ids.counter):012x}"
+    return next(_ids.counter).to_bytes(16, "big").hex()
 
 
 def _check_version(text: str | bytes) -> None:

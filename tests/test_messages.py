@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 
 import pytest
@@ -145,6 +146,24 @@ def test_message_ids_are_unique_and_ordered() -> None:
     assert len(set(ids)) == 1000
     assert ids == sorted(ids)
     assert all(len(i) == 32 for i in ids)
+    assert all(int(i, 16) >= 0 for i in ids)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_draws_ids_of_its_own() -> None:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next id and leave at once
+        os.write(write_end, new_message_id().encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    child = os.read(read_end, 64).decode()
+    os.close(read_end)
+    parent = new_message_id()
+    assert len(child) == 32
+    # Same counter position, different per-process prefix.
+    assert child[:20] != parent[:20]
 
 
 texts = st.text(max_size=30)
