@@ -1,7 +1,8 @@
 """aiservices: turn a typed ``Protocol`` into a working LLM agent.
 
-Store classes backed by a database driver (SQLite, Redis, PostgreSQL) are imported on
-first use, so ``import aiservices`` stays light and needs no extra installed.
+Memories, stores, streams and token counting are imported on first use, so ``import
+aiservices`` stays light and needs no extra installed: a store backed by a database driver
+(SQLite, Redis, PostgreSQL) needs its driver only once used.
 """
 
 from __future__ import annotations
@@ -11,13 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._result import Result
 from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
 from .markers import MemoryId, UserName, V
-from .memory import (
-    ChatMemory,
-    ChatMemoryProvider,
-    MessageWindowChatMemory,
-    TokenCountEstimator,
-    TokenWindowChatMemory,
-)
+from .memory import ChatMemory, ChatMemoryProvider
 from .messages import (
     AiMessage,
     ChatMessage,
@@ -39,24 +34,35 @@ from .models import (
 )
 from .prompts import system_message, user_message
 from .service import ChatMemoryAccess, ai_service
-from .stores import ChatMemoryStore, InMemoryChatMemoryStore
+from .stores import ChatMemoryStore
 from .tools import ToolExecution, tool
 
 if TYPE_CHECKING:
     from ._streams import AsyncTextStream, TextStream
-    from .memory import SummarizingChatMemory
+    from .memory import (
+        MessageWindowChatMemory,
+        SummarizingChatMemory,
+        TokenCountEstimator,
+        TokenWindowChatMemory,
+    )
+    from .stores import InMemoryChatMemoryStore
     from .stores.postgres import PostgresChatMemoryStore
     from .stores.redis import RedisChatMemoryStore
     from .stores.sqlite import SqliteChatMemoryStore
 
 __version__ = "0.1.0"
 
-# Imported at first use, to keep `import aiservices` light: the database-backed stores
-# (whose drivers are optional), streams and the summarising memory.
+# Imported at first use, to keep `import aiservices` light: the memories (a service without
+# memory needs none), the stores (the database-backed ones' drivers are optional; the
+# in-memory one is made by the first memory without a store), streams and token counting.
 _LAZY = {
+    "MessageWindowChatMemory": ".memory",
+    "InMemoryChatMemoryStore": ".stores",
     "SqliteChatMemoryStore": ".stores",
     "RedisChatMemoryStore": ".stores",
     "PostgresChatMemoryStore": ".stores",
+    "TokenCountEstimator": ".memory",
+    "TokenWindowChatMemory": ".memory",
     "SummarizingChatMemory": ".memory",
     "TextStream": "._streams",
     "AsyncTextStream": "._streams",

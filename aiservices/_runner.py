@@ -14,16 +14,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic_core import to_json
 
 from ._hooks import Hooks, emit, logger
 from ._locks import TurnLock
-from ._plan import MethodPlan
 from ._result import Result
 from ._templates import render_value
-from ._toolbox import Toolbox
 from .errors import OutputParseError, ToolLimitError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
@@ -46,7 +44,11 @@ from .models import (
     TokenUsage,
 )
 from .observability import CallInfo
-from .tools import ToolExecution
+
+if TYPE_CHECKING:
+    from ._plan import MethodPlan
+    from ._toolbox import Toolbox
+    from .tools import ToolExecution
 
 __all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
 
@@ -167,6 +169,8 @@ class ServiceState:
         extra = list(provider(memory_id, user))
         if not extra:
             return self.toolbox
+        from ._toolbox import Toolbox
+
         dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
         return self.toolbox.merge(dynamic) if self.toolbox else dynamic
 

@@ -15,12 +15,11 @@ import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from pydantic import ValidationError
 from pydantic_core import to_json
 
-from ._tool_schema import ToolSignature, describe_validation_error, read_signature
 from .errors import InterfaceError
 from .messages import ToolExecutionRequest
 from .models import ToolSpecification
@@ -35,6 +34,9 @@ from .tools import (
     _tool_options,
     _ToolOptions,
 )
+
+if TYPE_CHECKING:
+    from ._tool_schema import ToolSignature
 
 __all__ = ["Toolbox"]
 
@@ -98,8 +100,11 @@ def _analyse(
             f"{where}: {name!r} is not a valid tool name (1 to 64 letters, digits, '_' or "
             "'-'); name it with @tool(name=...)"
         )
+    # Schemas are read only for services that have tools, so not at `import aiservices`.
+    from . import _tool_schema
+
     try:
-        signature = read_signature(function, skip_first=skip_first, where=where)
+        signature = _tool_schema.read_signature(function, skip_first=skip_first, where=where)
     except InterfaceError as exc:
         problems.extend(exc.problems)
     if problems:
@@ -439,6 +444,8 @@ def _collect_all(items: Iterable[object]) -> list[_Tool]:
 
 
 def _arguments_error(request: ToolExecutionRequest, exc: ValidationError) -> ToolArgumentsError:
+    from ._tool_schema import describe_validation_error
+
     error = ToolArgumentsError(
         f"Invalid arguments for tool {request.name!r}: {describe_validation_error(exc)}. "
         "Call it again with arguments that match its parameters.",

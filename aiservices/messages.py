@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -279,6 +278,8 @@ def new_message_id() -> str:
 
 
 def _check_version(text: str | bytes) -> None:
+    import json  # only input that failed validation gets here
+
     try:
         raw = json.loads(text)
     except (ValueError, TypeError) as exc:

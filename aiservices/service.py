@@ -8,18 +8,19 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from ._hooks import Hooks
-from ._plan import MethodPlan, plan_interface
 from ._runner import Conversation, ServiceState, run_async, run_sync
-from ._toolbox import Toolbox
 from .errors import InterfaceError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
 from .models import ChatModel, ChatRequestParameters
 from .models._registry import PROVIDERS, parse_model_spec
+
+if TYPE_CHECKING:
+    from ._plan import MethodPlan
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
@@ -195,6 +196,10 @@ def _build(
     problems.extend(Hooks.check(listeners))
     if problems:
         raise InterfaceError(problems)
+    # Loaded when a service is built, not at `import aiservices`.
+    from ._plan import plan_interface
+    from ._toolbox import Toolbox
+
     plans = plan_interface(
         interface, has_memory_provider=chat_memory_provider is not None, localns=localns
     )

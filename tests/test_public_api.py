@@ -98,3 +98,54 @@ def test_import_loads_no_provider_sdk_or_store_driver() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "[]"
+
+
+# Needed only once a service is built, a memory is made or a feature is used; importing them
+# with the package would cost every program that imports aiservices.
+DEFERRED = (
+    "aiservices._output",
+    "aiservices._plan",
+    "aiservices._toolbox",
+    "aiservices._tool_schema",
+    "aiservices._streams",
+    "aiservices.memory._history",
+    "aiservices.memory._window",
+    "aiservices.memory.summarizing",
+    "aiservices.memory.token_window",
+    "aiservices.memory.tokens",
+    "aiservices.memory.window",
+    "aiservices.stores._common",
+    "aiservices.stores.in_memory",
+    "aiservices.stores.postgres",
+    "aiservices.stores.redis",
+    "aiservices.stores.sqlite",
+)
+
+
+def test_import_defers_modules_used_only_later() -> None:
+    code = f"import sys, aiservices\nprint(sorted(set({DEFERRED!r}) & set(sys.modules)))\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]"
+
+
+def test_deferred_names_are_the_defining_modules_objects() -> None:
+    import aiservices.memory._window
+    import aiservices.memory.token_window
+    import aiservices.memory.tokens
+    import aiservices.memory.window
+    import aiservices.stores._common
+    import aiservices.stores.in_memory
+
+    memory, stores = aiservices.memory, aiservices.stores
+    assert aiservices.InMemoryChatMemoryStore is stores.in_memory.InMemoryChatMemoryStore
+    assert aiservices.MessageWindowChatMemory is memory.window.MessageWindowChatMemory
+    assert memory.WindowChatMemoryProvider is memory._window.WindowChatMemoryProvider
+    assert aiservices.TokenWindowChatMemory is memory.token_window.TokenWindowChatMemory
+    assert aiservices.TokenCountEstimator is memory.tokens.TokenCountEstimator
+    for name in ("EncodingUnavailableError", "OpenAiTokenCountEstimator", "TokenCountEstimator"):
+        assert getattr(memory, name) is getattr(memory.tokens, name), name
+    for name in ("ChatHistoryStore", "CorruptMessageError", "HistoryEntry", "StoreSchemaError"):
+        assert getattr(stores, name) is getattr(stores._common, name), name
+    assert stores.InMemoryChatMemoryStore is stores.in_memory.InMemoryChatMemoryStore

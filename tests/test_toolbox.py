@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel
 
-from aiservices import _tool_schema, _toolbox
+from aiservices import _tool_schema
 from aiservices._toolbox import Toolbox
 from aiservices.errors import InterfaceError
 from aiservices.markers import MemoryId
@@ -248,7 +248,7 @@ def test_analysis_is_cached_per_function(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append(fn)
         return real(fn, **kwargs)
 
-    monkeypatch.setattr(_toolbox, "read_signature", counting)
+    monkeypatch.setattr(_tool_schema, "read_signature", counting)
     first = Toolbox.from_objects([fresh, Fresh()])
     second = Toolbox.from_objects([fresh, Fresh()])
     assert calls == [fresh, Fresh.one, Fresh.two]

@@ -11,18 +11,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import ChatMemory, ChatMemoryProvider
-from ._window import WindowChatMemoryProvider
-from .token_window import TokenWindowChatMemory
-from .tokens import EncodingUnavailableError, OpenAiTokenCountEstimator, TokenCountEstimator
-from .window import MessageWindowChatMemory
 
 if TYPE_CHECKING:
     from ._history import sent_on_turn
+    from ._window import WindowChatMemoryProvider
     from .summarizing import SummarizingChatMemory
+    from .token_window import TokenWindowChatMemory
+    from .tokens import EncodingUnavailableError, OpenAiTokenCountEstimator, TokenCountEstimator
+    from .window import MessageWindowChatMemory
 
-# Imported at first use: most services never summarise or read history, and import time
-# counts for every program that imports aiservices.
-_LAZY = {"SummarizingChatMemory": ".summarizing", "sent_on_turn": "._history"}
+# Imported at first use: a service without memory needs none of them, most memories never
+# count tokens, summarise or read history, and import time counts for every program that
+# imports aiservices.
+_LAZY = {
+    "MessageWindowChatMemory": ".window",
+    "WindowChatMemoryProvider": "._window",
+    "EncodingUnavailableError": ".tokens",
+    "OpenAiTokenCountEstimator": ".tokens",
+    "TokenCountEstimator": ".tokens",
+    "TokenWindowChatMemory": ".token_window",
+    "SummarizingChatMemory": ".summarizing",
+    "sent_on_turn": "._history",
+}
 
 
 def __getattr__(name: str) -> Any:

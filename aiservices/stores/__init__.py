@@ -1,8 +1,7 @@
 """Where memories keep their messages: the store protocols and the stores.
 
-``SqliteChatMemoryStore``, ``RedisChatMemoryStore`` and ``PostgresChatMemoryStore`` are
-imported on first use, so importing this package loads no database module and needs no
-optional driver installed.
+Every store, and what stores share, is imported on first use: importing this package loads
+only the protocols, no database module, and needs no optional driver installed.
 """
 
 from __future__ import annotations
@@ -11,10 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._base import AsyncChatMemoryStore, ChatMemoryStore, IncrementalChatMemoryStore, store_key
-from ._common import ChatHistoryStore, CorruptMessageError, HistoryEntry, StoreSchemaError
-from .in_memory import InMemoryChatMemoryStore
 
 if TYPE_CHECKING:
+    from ._common import ChatHistoryStore, CorruptMessageError, HistoryEntry, StoreSchemaError
+    from .in_memory import InMemoryChatMemoryStore
     from .postgres import PostgresChatMemoryStore
     from .redis import RedisChatMemoryStore
     from .sqlite import SqliteChatMemoryStore
@@ -35,6 +34,11 @@ __all__ = [
 ]
 
 _LAZY = {
+    "ChatHistoryStore": "._common",
+    "CorruptMessageError": "._common",
+    "HistoryEntry": "._common",
+    "StoreSchemaError": "._common",
+    "InMemoryChatMemoryStore": ".in_memory",
     "SqliteChatMemoryStore": ".sqlite",
     "RedisChatMemoryStore": ".redis",
     "PostgresChatMemoryStore": ".postgres",
