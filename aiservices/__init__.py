@@ -35,7 +35,6 @@ from .models import (
 from .prompts import system_message, user_message
 from .service import ChatMemoryAccess, ai_service
 from .stores import ChatMemoryStore
-from .tools import ToolExecution, tool
 
 if TYPE_CHECKING:
     from ._streams import AsyncTextStream, TextStream
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from .stores.postgres import PostgresChatMemoryStore
     from .stores.redis import RedisChatMemoryStore
     from .stores.sqlite import SqliteChatMemoryStore
+    from .tools import ToolExecution, tool
 
 __version__ = "0.1.0"
 
@@ -66,6 +66,8 @@ _LAZY = {
     "SummarizingChatMemory": ".memory",
     "TextStream": "._streams",
     "AsyncTextStream": "._streams",
+    "tool": ".tools",
+    "ToolExecution": ".tools",
 }
 
 

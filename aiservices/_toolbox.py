@@ -24,7 +24,6 @@ from .errors import InterfaceError
 from .messages import ToolExecutionRequest
 from .models import ToolSpecification
 from .tools import (
-    _TOOL_NAME,
     ToolArgumentsError,
     ToolErrorHandler,
     ToolExecution,
@@ -33,6 +32,7 @@ from .tools import (
     UnknownToolError,
     _tool_options,
     _ToolOptions,
+    valid_tool_name,
 )
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _analyse(
     where = _where(function)
     problems: list[str] = []
     name = options.name if options is not None and options.name else _name_of(function)
-    if not _TOOL_NAME.fullmatch(name):
+    if not valid_tool_name(name):
         problems.append(
             f"{where}: {name!r} is not a valid tool name (1 to 64 letters, digits, '_' or "
             "'-'); name it with @tool(name=...)"

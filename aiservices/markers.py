@@ -6,10 +6,12 @@ inside ``Annotated`` is left alone (pydantic's ``Field`` on tool parameters, say
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["MemoryId", "UserName", "V"]
+
+# Plain classes rather than frozen dataclasses: they are made at `import aiservices`, where
+# a dataclass would cost a compile of each generated method.
 
 
 class _Marker:
@@ -18,28 +20,51 @@ class _Marker:
     def __repr__(self) -> str:
         return type(self).__name__
 
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self)
 
-@dataclass(frozen=True, slots=True, repr=False)
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+
 class MemoryId(_Marker):
     """Marks the parameter that selects the conversation: ``Annotated[str, MemoryId]``."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True, repr=False)
+
 class UserName(_Marker):
     """Marks the parameter whose value becomes the recorded ``UserMessage.name``."""
 
+    __slots__ = ()
 
-@dataclass(frozen=True, slots=True)
+
 class V:
     """Exposes a parameter to templates under another name: ``Annotated[str, V("topic")]``."""
 
+    __slots__ = ("name",)
+    __match_args__ = ("name",)
     name: str
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(
-                f"V({self.name!r}): a template variable name must be a Python identifier"
-            )
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"V({name!r}): a template variable name must be a Python identifier")
+        object.__setattr__(self, "name", name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"V is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"V is immutable: cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        return f"V(name={self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is V and other.name == self.name  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((V, self.name))
 
 
 def is_marker(metadata: object, marker: type[_Marker]) -> bool:

@@ -14,7 +14,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Annotated, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -241,9 +241,14 @@ ChatMessage: TypeAlias = SystemMessage | UserMessage | AiMessage | ToolExecution
 _Tagged = Annotated[ChatMessage, Field(discriminator="type")]
 
 
-class _Envelope(_Frozen):
-    format: int
-    messages: list[_Tagged]
+@functools.cache
+def _envelope() -> type[BaseModel]:
+    # Made at first use, not at import: a model class costs about a millisecond to make.
+    class _Envelope(_Frozen):
+        format: int
+        messages: list[_Tagged]
+
+    return _Envelope
 
 
 @functools.cache
@@ -318,7 +323,7 @@ def messages_to_json(messages: Iterable[ChatMessage]) -> str:
 def messages_from_json(text: str | bytes) -> list[ChatMessage]:
     """Read what ``messages_to_json`` wrote; anything malformed is a ``ValueError``."""
     try:
-        envelope = _Envelope.model_validate_json(text)
+        envelope: Any = _envelope().model_validate_json(text)
     except ValidationError as exc:
         _check_version(text)
         raise ValueError(f"invalid chat messages JSON: {_describe(exc)}") from None

@@ -10,8 +10,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
-from ._hooks import Hooks
-from ._runner import Conversation, ServiceState, run_async, run_sync
 from .errors import InterfaceError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
@@ -21,6 +19,7 @@ from .models._registry import PROVIDERS, parse_model_spec
 
 if TYPE_CHECKING:
     from ._plan import MethodPlan
+    from ._runner import ServiceState
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
@@ -124,6 +123,8 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
         f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
     )
+    from ._runner import run_async, run_sync
+
     namespace: dict[str, Any] = {"run_sync": run_sync, "run_async": run_async, "_plan": plan}
     if plan.kind in ("stream", "astream"):
         from ._streams import stream_async, stream_sync
@@ -192,14 +193,16 @@ def _build(
         problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
     if tool_provider is not None and not callable(tool_provider):
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
+    # Loaded when a service is built, not at `import aiservices`.
+    from ._hooks import Hooks
+    from ._plan import plan_interface
+    from ._runner import Conversation, ServiceState
+    from ._toolbox import Toolbox
+
     listeners = list(listeners)
     problems.extend(Hooks.check(listeners))
     if problems:
         raise InterfaceError(problems)
-    # Loaded when a service is built, not at `import aiservices`.
-    from ._plan import plan_interface
-    from ._toolbox import Toolbox
-
     plans = plan_interface(
         interface, has_memory_provider=chat_memory_provider is not None, localns=localns
     )

@@ -12,7 +12,6 @@ AiServiceError
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar, overload
@@ -35,18 +34,31 @@ __all__ = [
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-# What OpenAI and Anthropic both accept as a tool name.
-_TOOL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What OpenAI and Anthropic both accept as a tool name: 1 to 64 of these (ASCII only).
+_TOOL_NAME_CHARS: Final = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+)
 _TOOL_ATTRIBUTE: Final = "_aiservices_tool"
 
 
-@dataclass(frozen=True, slots=True)
+def valid_tool_name(name: str) -> bool:
+    """Whether both providers accept ``name`` as a tool name."""
+    return 0 < len(name) <= 64 and _TOOL_NAME_CHARS.issuperset(name)
+
+
 class _ToolOptions:
     """What ``@tool(...)`` said about a function; ``None`` means "from the function"."""
 
-    name: str | None = None
-    description: str | None = None
-    return_direct: bool = False
+    # A plain class rather than a dataclass: it is made at import, and a dataclass costs
+    # `import aiservices` a compile of each generated method.
+    __slots__ = ("description", "name", "return_direct")
+
+    def __init__(
+        self, name: str | None = None, description: str | None = None, return_direct: bool = False
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.return_direct = return_direct
 
 
 _DEFAULT_OPTIONS: Final = _ToolOptions()
@@ -79,7 +91,7 @@ def tool(
     """
     if isinstance(fn, str):
         raise TypeError(f"tool({fn!r}): pass the name as a keyword, @tool(name={fn!r})")
-    if name is not None and (not isinstance(name, str) or not _TOOL_NAME.fullmatch(name)):
+    if name is not None and (not isinstance(name, str) or not valid_tool_name(name)):
         raise ValueError(f"tool(name={name!r}): a tool name is 1 to 64 letters, digits, '_' or '-'")
     if description is not None and not isinstance(description, str):
         raise TypeError(f"tool(description=...) takes a str, got {type(description).__name__}")

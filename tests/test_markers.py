@@ -24,3 +24,16 @@ def test_v_needs_an_identifier() -> None:
 def test_markers_are_frozen() -> None:
     with pytest.raises(AttributeError):
         V("a").name = "b"  # type: ignore[misc]
+
+
+def test_markers_compare_and_hash_by_value() -> None:
+    assert MemoryId() == MemoryId()
+    assert hash(MemoryId()) == hash(MemoryId())
+    assert MemoryId() != UserName()
+    assert V("a") == V("a")
+    assert hash(V("a")) == hash(V("a"))
+    assert V("a") != V("b")
+    assert repr(V("a")) == "V(name='a')"
+    assert repr(MemoryId()) == "MemoryId"
+    with pytest.raises(AttributeError):
+        del V("a").name

@@ -103,8 +103,12 @@ def test_import_loads_no_provider_sdk_or_store_driver() -> None:
 # Needed only once a service is built, a memory is made or a feature is used; importing them
 # with the package would cost every program that imports aiservices.
 DEFERRED = (
+    "aiservices._hooks",
+    "aiservices._locks",
     "aiservices._output",
     "aiservices._plan",
+    "aiservices._runner",
+    "aiservices._templates",
     "aiservices._toolbox",
     "aiservices._tool_schema",
     "aiservices._streams",
@@ -119,6 +123,8 @@ DEFERRED = (
     "aiservices.stores.postgres",
     "aiservices.stores.redis",
     "aiservices.stores.sqlite",
+    "aiservices.tools",
+    "logging",
 )
 
 
@@ -149,3 +155,7 @@ def test_deferred_names_are_the_defining_modules_objects() -> None:
     for name in ("ChatHistoryStore", "CorruptMessageError", "HistoryEntry", "StoreSchemaError"):
         assert getattr(stores, name) is getattr(stores._common, name), name
     assert stores.InMemoryChatMemoryStore is stores.in_memory.InMemoryChatMemoryStore
+    import aiservices.tools
+
+    assert aiservices.tool is aiservices.tools.tool
+    assert aiservices.ToolExecution is aiservices.tools.ToolExecution

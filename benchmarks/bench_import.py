@@ -1,0 +1,76 @@
+"""Time of ``import aiservices``, next to the floor any pydantic-based library pays.
+
+Run by hand: ``python benchmarks/bench_import.py [runs]``. Each run is a fresh interpreter
+with ``-X importtime``; the runs of ``import aiservices`` alternate with runs that import
+pydantic and define one model (the floor: messages are pydantic models), so that load on
+the machine spoils both alike. Prints the median and minimum of each in milliseconds, the
+ratio of the medians, and checks that no provider SDK, database driver, tiktoken or
+asyncio was imported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+
+FLOOR = """
+from pydantic import BaseModel, ConfigDict
+class M(BaseModel):
+    model_config = ConfigDict(frozen=True, defer_build=True)
+    a: int
+"""
+
+HEAVY = ("openai", "anthropic", "httpx", "redis", "psycopg", "sqlite3", "tiktoken", "asyncio")
+
+
+def _top_level(code: str) -> dict[str, int]:
+    """Cumulative microseconds of each top-level import in a fresh interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    found: dict[str, int] = {}
+    for line in out.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            _, cumulative, name = line.split("|")
+            # A name indented by more than the column's one space was imported by another.
+            if not name.startswith("  ") and cumulative.strip().isdigit():
+                found[name.strip()] = int(cumulative)
+    return found
+
+
+STARTUP = set(_top_level("pass"))  # what the interpreter imports before running anything
+
+
+def import_ms(code: str) -> float:
+    """Milliseconds that ``code`` spends importing, interpreter start-up excluded."""
+    return sum(t for name, t in _top_level(code).items() if name not in STARTUP) / 1000
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 21
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import aiservices, sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = [m for m in loaded if m.split(".")[0] in HEAVY]
+    ours: list[float] = []
+    floor: list[float] = []
+    for _ in range(runs):
+        ours.append(import_ms("import aiservices"))
+        floor.append(import_ms(FLOOR))
+    for name, samples in (("import aiservices", ours), ("pydantic + one model", floor)):
+        print(
+            f"{name:<22} median {statistics.median(samples):6.1f} ms   min {min(samples):6.1f} ms"
+        )
+    print(f"ratio of medians {statistics.median(ours) / statistics.median(floor):.2f}")
+    print("heavy modules loaded:", ", ".join(found) if found else "none")
+
+
+if __name__ == "__main__":
+    main()
