@@ -61,7 +61,7 @@ class V:
         return f"V(name={self.name!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is V and other.name == self.name  # type: ignore[attr-defined]
+        return type(other) is V and other.name == self.name
 
     def __hash__(self) -> int:
         return hash((V, self.name))
