@@ -159,3 +159,17 @@ def test_deferred_names_are_the_defining_modules_objects() -> None:
 
     assert aiservices.tool is aiservices.tools.tool
     assert aiservices.ToolExecution is aiservices.tools.ToolExecution
+
+
+def test_dir_lists_names_not_yet_imported() -> None:
+    code = (
+        "import aiservices, aiservices.memory, aiservices.stores\n"
+        "print('MessageWindowChatMemory' in dir(aiservices),"
+        " 'TokenWindowChatMemory' in dir(aiservices.memory),"
+        " 'SqliteChatMemoryStore' in dir(aiservices.stores),"
+        " 'aiservices.stores.sqlite' in __import__('sys').modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["True", "True", "True", "False"]

@@ -46,6 +46,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    # The lazy names too, for dir() and completion, before their first use.
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "ChatMemory",
     "ChatMemoryProvider",

@@ -52,3 +52,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    # The lazy names too, for dir() and completion, before their first use.
+    return sorted(set(globals()) | set(_LAZY))
