@@ -315,18 +315,23 @@ def main() -> None:
         "langchain-core": langchain_scenarios(),
     }
     results: dict[str, dict[str, tuple[float, float]]] = {}
-    for name, scenarios in contenders.items():
-        if scenarios is None:
+    present = {name: table for name, table in contenders.items() if table is not None}
+    for name, table in contenders.items():
+        if table is None:
             print(f"{name}: not installed, skipped")
-            continue
-        results[name] = {}
-        for scenario, call in scenarios.items():
-            calls = n if name in ("aiservices", "magentic") else max(200, n // 10)
-            best = min(
-                (measure(call, calls) for _ in range(ROUNDS if calls == n else 2)),
-                key=lambda r: r[0],
-            )
-            results[name][scenario] = best
+    for scenario in ("S1", "S2", "S3", "S4"):
+        # Rounds alternate between the libraries, so that a change in the machine's load
+        # during the run spoils all of them alike; each keeps its best round.
+        for round_ in range(ROUNDS):
+            for name, table in present.items():
+                call = table.get(scenario)
+                fast = name in ("aiservices", "magentic")
+                if call is None or (not fast and round_ >= 2):
+                    continue
+                found = measure(call, n if fast else max(200, n // 10))
+                best = results.setdefault(name, {}).get(scenario)
+                if best is None or found[0] < best[0]:
+                    results[name][scenario] = found
     mine = results["aiservices"]
     print(
         f"\n{'scenario':<8} {'library':<15} {'median us':>10} {'p90 us':>10} {'ours / theirs':>14}"
