@@ -103,6 +103,7 @@ def test_import_loads_no_provider_sdk_or_store_driver() -> None:
 # Needed only once a service is built, a memory is made or a feature is used; importing them
 # with the package would cost every program that imports aiservices.
 DEFERRED = (
+    "aiservices._build",
     "aiservices._hooks",
     "aiservices._locks",
     "aiservices._output",

@@ -1,0 +1,213 @@
+"""Building a service object from an analysed interface; loaded by the first ``ai_service``."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._hooks import Hooks
+from ._plan import plan_interface
+from ._runner import Conversation, ServiceState, run_async, run_sync
+from ._toolbox import Toolbox
+from .errors import InterfaceError
+from .memory import ChatMemory
+from .memory._base import ChatMemoryProvider
+from .messages import UserMessage
+from .models import ChatModel, ChatRequestParameters
+from .models._registry import PROVIDERS, parse_model_spec
+
+if TYPE_CHECKING:
+    from ._plan import MethodPlan
+
+__all__ = ["build"]
+
+T = TypeVar("T")
+
+
+class _ServiceBase:
+    """Behaviour shared by every generated service class."""
+
+    __slots__ = ()
+    _state: ServiceState
+
+    def get_chat_memory(self, memory_id: Hashable) -> ChatMemory:
+        state = self._state
+        if state.memory_provider is None:
+            if state.single is not None and memory_id == state.single.memory.id:
+                return state.single.memory
+            raise LookupError(
+                f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
+            )
+        conversation = state.conversation(memory_id)
+        assert conversation is not None
+        return conversation.memory
+
+    def evict_chat_memory(self, memory_id: Hashable) -> None:
+        self._state.evict(memory_id)
+
+    def forget(self, memory_id: Hashable) -> None:
+        state = self._state
+        memory = self.get_chat_memory(memory_id)
+        conversation = state.conversation(memory_id, create=False)
+        if conversation is None:
+            _erase(memory)
+        else:
+            # Hold the turn lock as a call would, so that no turn runs during the erase.
+            conversation.lock.acquire()
+            try:
+                _erase(conversation.memory)
+            finally:
+                conversation.lock.release()
+        state.evict(memory_id)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} service>"
+
+
+def _erase(memory: ChatMemory) -> None:
+    memory.clear()
+    forget = getattr(getattr(memory, "store", None), "forget", None)
+    if forget is not None:
+        forget(memory.id)
+
+
+def _method(plan: MethodPlan) -> Callable[..., Any]:
+    """A method with the interface's own signature that hands its arguments to the runner."""
+    names = plan.parameters
+    params = list(plan.signature.parameters.values())[1:]
+    defaults: dict[str, Any] = {}
+    pieces: list[str] = []
+    seen_keyword_only = False
+    for index, param in enumerate(params):
+        if param.kind is inspect.Parameter.KEYWORD_ONLY and not seen_keyword_only:
+            pieces.append("*")
+            seen_keyword_only = True
+        piece = param.name
+        if param.default is not inspect.Parameter.empty:
+            defaults[f"_d{index}"] = param.default
+            piece += f"=_d{index}"
+        pieces.append(piece)
+        if param.kind is inspect.Parameter.POSITIONAL_ONLY and (
+            index + 1 == len(params)
+            or params[index + 1].kind is not inspect.Parameter.POSITIONAL_ONLY
+        ):
+            pieces.append("/")
+    arguments = "".join(f"{n}, " for n in names)
+    runner = {
+        "sync": "run_sync",
+        "async": "run_async",
+        "stream": "stream_sync",
+        "astream": "stream_async",
+    }[plan.kind]
+    prefix = "async " if plan.is_coroutine else ""
+    call = "await " if plan.kind == "async" else ""
+    source = (
+        f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
+        f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
+    )
+    namespace: dict[str, Any] = {"run_sync": run_sync, "run_async": run_async, "_plan": plan}
+    if plan.kind in ("stream", "astream"):
+        from ._streams import stream_async, stream_sync
+
+        namespace.update(stream_sync=stream_sync, stream_async=stream_async)
+    namespace.update(defaults)
+    exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
+    function: Callable[..., Any] = namespace[plan.name]
+    function.__doc__ = plan.doc
+    function.__qualname__ = plan.qualname
+    function.__signature__ = plan.signature  # type: ignore[attr-defined]
+    return function
+
+
+def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
+    if isinstance(model, str):
+        try:
+            provider, _ = parse_model_spec(model)
+        except ValueError as exc:
+            raise InterfaceError(f"model={model!r}: {exc}") from None
+        sdk = PROVIDERS[provider].sdk
+        if importlib.util.find_spec(sdk) is None:
+            raise InterfaceError(
+                f'model={model!r} needs the {sdk} SDK: pip install "aiservices[{provider}]"'
+            )
+        return None, model
+    if not callable(getattr(model, "chat", None)):
+        raise InterfaceError(
+            f"model={model!r} is not a ChatModel: it needs a chat(request) method "
+            "(or pass 'openai:MODEL' / 'anthropic:MODEL')"
+        )
+    return model, None  # type: ignore[return-value]
+
+
+def build(
+    interface: Callable[..., T],
+    *,
+    model: ChatModel | str,
+    chat_memory: ChatMemory | None,
+    chat_memory_provider: ChatMemoryProvider | None,
+    tools: Iterable[object],
+    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None,
+    tool_error_handler: Callable[..., str] | None,
+    system_message_provider: Callable[[Hashable], str | None] | None,
+    max_tool_invocations: int,
+    max_output_retries: int,
+    parameters: ChatRequestParameters | None,
+    chat_memory_cache_size: int,
+    listeners: Sequence[object],
+    localns: dict[str, Any] | None,
+) -> T:
+    chat_model, model_spec = _check_model(model)
+    problems: list[str] = []
+    if max_tool_invocations < 0:
+        problems.append(f"max_tool_invocations={max_tool_invocations}: must be 0 or more")
+    if max_output_retries < 0:
+        problems.append(f"max_output_retries={max_output_retries}: must be 0 or more")
+    if chat_memory_cache_size < 1:
+        problems.append(f"chat_memory_cache_size={chat_memory_cache_size}: must be 1 or more")
+    if chat_memory_provider is not None and not callable(chat_memory_provider):
+        problems.append(
+            "chat_memory_provider must be a callable memory_id -> ChatMemory, such as "
+            "MessageWindowChatMemory.provider(max_messages=20)"
+        )
+    if chat_memory is not None and not callable(getattr(chat_memory, "messages", None)):
+        problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
+    if tool_provider is not None and not callable(tool_provider):
+        problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
+    listeners = list(listeners)
+    problems.extend(Hooks.check(listeners))
+    if problems:
+        raise InterfaceError(problems)
+    plans = plan_interface(
+        interface, has_memory_provider=chat_memory_provider is not None, localns=localns
+    )
+    toolbox = Toolbox.from_objects(list(tools), error_handler=tool_error_handler)
+    state = ServiceState(
+        model=chat_model,
+        model_spec=model_spec,
+        memory_provider=chat_memory_provider,
+        toolbox=toolbox,
+        tool_provider=tool_provider,
+        tool_error_handler=tool_error_handler,
+        system_message_provider=system_message_provider,
+        max_tool_invocations=max_tool_invocations,
+        max_output_retries=max_output_retries,
+        parameters=parameters or ChatRequestParameters(),
+        cache_size=chat_memory_cache_size,
+        conversations=OrderedDict(),
+        table_lock=threading.Lock(),
+        single=Conversation(chat_memory) if chat_memory is not None else None,
+        hooks=Hooks(listeners) if listeners else None,
+    )
+    assert isinstance(interface, type)
+    namespace: dict[str, Any] = {name: _method(plan) for name, plan in plans.items()}
+    namespace["__slots__"] = ("_state",)
+    namespace["__module__"] = interface.__module__
+    namespace["__doc__"] = interface.__doc__
+    cls = type(f"{interface.__name__}Service", (_ServiceBase, interface), namespace)
+    instance: Any = object.__new__(cls)
+    instance._state = state
+    return instance  # type: ignore[no-any-return]
