@@ -123,15 +123,7 @@ class InMemoryChatMemoryStore:
             conversation = self._conversations.get(key)
             # The usual write: to a stored conversation, no appended id already there.
             if conversation is not None and conversation.ids.isdisjoint(new_ids):
-                conversation.written = _monotonic()
-                if removed:
-                    _remove(conversation, removed)
-                if appended:
-                    conversation.messages += appended
-                    conversation.mids += new_ids
-                    conversation.ids.update(new_ids)
-                elif not conversation.ids:
-                    del self._conversations[key]
+                self._write(key, conversation, appended, new_ids, removed)
                 return
         finally:
             lock.release()
@@ -158,19 +150,30 @@ class InMemoryChatMemoryStore:
                 for mid in new_ids:
                     if mid in ids and mid not in gone:
                         raise duplicate_id_error(mid, memory_id)
-                conversation.written = _monotonic()
-                if gone:
-                    _remove(conversation, gone)
-                if appended:
-                    conversation.messages += appended
-                    conversation.mids += new_ids
-                    ids.update(new_ids)
-                elif not ids:
-                    del self._conversations[key]
+                self._write(key, conversation, appended, new_ids, gone)
                 return
         # The store grows only when a conversation starts: that is when it purges.
         if now >= self._next_purge:
             self._purge_by_retention(now)
+
+    def _write(
+        self,
+        key: str,
+        conversation: _Conversation,
+        appended: Sequence[ChatMessage],
+        new_ids: list[str],
+        removed: Collection[str | None],
+    ) -> None:
+        """Apply a checked write to a stored conversation; the store's lock is held."""
+        conversation.written = _monotonic()
+        if removed:
+            _remove(conversation, removed)
+        if appended:
+            conversation.messages += appended
+            conversation.mids += new_ids
+            conversation.ids.update(new_ids)
+        elif not conversation.ids:
+            del self._conversations[key]
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Delete the conversation; a no-op for an unknown id."""
