@@ -1,15 +1,14 @@
 """aiservices: turn a typed ``Protocol`` into a working LLM agent.
 
-Memories, stores, streams and token counting are imported on first use, so ``import
-aiservices`` stays light and needs no extra installed: a store backed by a database driver
-(SQLite, Redis, PostgreSQL) needs its driver only once used.
+Memories, stores, streams, tools, the model types and token counting are imported on first
+use, so ``import aiservices`` stays light and needs no extra installed: a store backed by a
+database driver (SQLite, Redis, PostgreSQL) needs its driver only once used.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._result import Result
 from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
 from .markers import MemoryId, UserName, V
 from .memory import ChatMemory, ChatMemoryProvider
@@ -23,26 +22,27 @@ from .messages import (
     messages_from_json,
     messages_to_json,
 )
-from .models import (
-    ChatModel,
-    ChatRequest,
-    ChatRequestParameters,
-    ChatResponse,
-    ResponseFormat,
-    TokenUsage,
-    ToolSpecification,
-)
 from .prompts import system_message, user_message
 from .service import ChatMemoryAccess, ai_service
 from .stores import ChatMemoryStore
 
 if TYPE_CHECKING:
+    from ._result import Result
     from ._streams import AsyncTextStream, TextStream
     from .memory import (
         MessageWindowChatMemory,
         SummarizingChatMemory,
         TokenCountEstimator,
         TokenWindowChatMemory,
+    )
+    from .models import (
+        ChatModel,
+        ChatRequest,
+        ChatRequestParameters,
+        ChatResponse,
+        ResponseFormat,
+        TokenUsage,
+        ToolSpecification,
     )
     from .stores import InMemoryChatMemoryStore
     from .stores.postgres import PostgresChatMemoryStore
@@ -54,7 +54,8 @@ __version__ = "0.1.0"
 
 # Imported at first use, to keep `import aiservices` light: the memories (a service without
 # memory needs none), the stores (the database-backed ones' drivers are optional; the
-# in-memory one is made by the first memory without a store), streams and token counting.
+# in-memory one is made by the first memory without a store), streams, token counting, and
+# what building a service loads anyway (tools, the model types, Result).
 _LAZY = {
     "MessageWindowChatMemory": ".memory",
     "InMemoryChatMemoryStore": ".stores",
@@ -68,6 +69,14 @@ _LAZY = {
     "AsyncTextStream": "._streams",
     "tool": ".tools",
     "ToolExecution": ".tools",
+    "Result": "._result",
+    "ChatModel": ".models",
+    "ChatRequest": ".models",
+    "ChatRequestParameters": ".models",
+    "ChatResponse": ".models",
+    "ResponseFormat": ".models",
+    "TokenUsage": ".models",
+    "ToolSpecification": ".models",
 }
 
 

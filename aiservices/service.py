@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
-from .models import ChatModel, ChatRequestParameters
+
+if TYPE_CHECKING:
+    from .models import ChatModel, ChatRequestParameters
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 

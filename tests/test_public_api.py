@@ -108,6 +108,7 @@ DEFERRED = (
     "aiservices._locks",
     "aiservices._output",
     "aiservices._plan",
+    "aiservices._result",
     "aiservices._runner",
     "aiservices._templates",
     "aiservices._toolbox",
@@ -119,6 +120,8 @@ DEFERRED = (
     "aiservices.memory.token_window",
     "aiservices.memory.tokens",
     "aiservices.memory.window",
+    "aiservices.models._base",
+    "aiservices.models._registry",
     "aiservices.stores._common",
     "aiservices.stores.in_memory",
     "aiservices.stores.postgres",
@@ -160,6 +163,12 @@ def test_deferred_names_are_the_defining_modules_objects() -> None:
 
     assert aiservices.tool is aiservices.tools.tool
     assert aiservices.ToolExecution is aiservices.tools.ToolExecution
+    import aiservices._result
+    import aiservices.models
+
+    assert aiservices.Result is aiservices._result.Result
+    for name in ("ChatModel", "ChatRequest", "ChatResponse", "TokenUsage", "ToolSpecification"):
+        assert getattr(aiservices, name) is getattr(aiservices.models, name), name
 
 
 def test_dir_lists_names_not_yet_imported() -> None:
