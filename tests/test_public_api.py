@@ -87,6 +87,13 @@ def test_error_tree() -> None:
     assert issubclass(aiservices.ToolLimitError, aiservices.AiServiceError)
 
 
+def _fresh_interpreter(code: str) -> str:
+    """What ``code`` prints in a new Python process, where nothing is imported yet."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_import_loads_no_provider_sdk_or_store_driver() -> None:
     code = (
         "import sys, aiservices, aiservices.testing\n"
@@ -94,9 +101,7 @@ def test_import_loads_no_provider_sdk_or_store_driver() -> None:
         "'sqlite3', 'tiktoken', 'opentelemetry'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = _fresh_interpreter(code).strip()
     assert out == "[]"
 
 
@@ -134,9 +139,7 @@ DEFERRED = (
 
 def test_import_defers_modules_used_only_later() -> None:
     code = f"import sys, aiservices\nprint(sorted(set({DEFERRED!r}) & set(sys.modules)))\n"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = _fresh_interpreter(code).strip()
     assert out == "[]"
 
 
@@ -179,7 +182,5 @@ def test_dir_lists_names_not_yet_imported() -> None:
         " 'SqliteChatMemoryStore' in dir(aiservices.stores),"
         " 'aiservices.stores.sqlite' in __import__('sys').modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _fresh_interpreter(code).split()
     assert out == ["True", "True", "True", "False"]
