@@ -12,16 +12,14 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
+from ._output import OutputPlan, UnsupportedOutputType, plan_output
 from ._result import Result
 from ._templates import BUILTIN_VARIABLES, Template
 from .errors import InterfaceError
 from .markers import MemoryId, UserName, V, is_marker
 from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
-
-if TYPE_CHECKING:
-    from ._output import OutputPlan
 
 __all__ = ["CallKind", "MethodPlan", "plan_interface"]
 
@@ -281,9 +279,6 @@ def plan_method(
         )
         return None
     kind, inner, wraps = kind_or_problem
-    # Only building a service parses return types, so `import aiservices` need not load this.
-    from ._output import UnsupportedOutputType, plan_output
-
     try:
         output = plan_output(inner)
     except UnsupportedOutputType as exc:

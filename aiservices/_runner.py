@@ -22,6 +22,7 @@ from ._hooks import Hooks, emit, logger
 from ._locks import TurnLock
 from ._result import Result
 from ._templates import render_value
+from ._toolbox import Toolbox
 from .errors import OutputParseError, ToolLimitError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
@@ -47,7 +48,6 @@ from .observability import CallInfo
 
 if TYPE_CHECKING:
     from ._plan import MethodPlan
-    from ._toolbox import Toolbox
     from .tools import ToolExecution
 
 __all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
@@ -169,8 +169,6 @@ class ServiceState:
         extra = list(provider(memory_id, user))
         if not extra:
             return self.toolbox
-        from ._toolbox import Toolbox
-
         dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
         return self.toolbox.merge(dynamic) if self.toolbox else dynamic
 

@@ -49,8 +49,8 @@ def valid_tool_name(name: str) -> bool:
 class _ToolOptions:
     """What ``@tool(...)`` said about a function; ``None`` means "from the function"."""
 
-    # A plain class rather than a dataclass: it is made at import, and a dataclass costs
-    # `import aiservices` a compile of each generated method.
+    # A plain class rather than a dataclass: it is made when `tool` is first imported, and a
+    # dataclass would cost that import a compile of each generated method.
     __slots__ = ("description", "name", "return_direct")
 
     def __init__(
