@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._hooks import Hooks
 from ._plan import plan_interface
-from ._runner import Conversation, ServiceState, run_async, run_sync
+from ._runner import Conversation, ServiceState, run_async, run_plain, run_sync
 from ._toolbox import Toolbox
 from .errors import InterfaceError
 from .memory import ChatMemory
@@ -75,8 +75,12 @@ def _erase(memory: ChatMemory) -> None:
         forget(memory.id)
 
 
-def _method(plan: MethodPlan) -> Callable[..., Any]:
-    """A method with the interface's own signature that hands its arguments to the runner."""
+def _method(plan: MethodPlan, *, plain: bool) -> Callable[..., Any]:
+    """A method with the interface's own signature that hands its arguments to the runner.
+
+    ``plain``: the service has no listeners and no tools, so a sync call may take
+    :func:`run_plain`.
+    """
     names = plan.parameters
     params = list(plan.signature.parameters.values())[1:]
     defaults: dict[str, Any] = {}
@@ -98,7 +102,7 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
             pieces.append("/")
     arguments = "".join(f"{n}, " for n in names)
     runner = {
-        "sync": "run_sync",
+        "sync": "run_plain" if plain else "run_sync",
         "async": "run_async",
         "stream": "stream_sync",
         "astream": "stream_async",
@@ -109,7 +113,12 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
         f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
     )
-    namespace: dict[str, Any] = {"run_sync": run_sync, "run_async": run_async, "_plan": plan}
+    namespace: dict[str, Any] = {
+        "run_sync": run_sync,
+        "run_plain": run_plain,
+        "run_async": run_async,
+        "_plan": plan,
+    }
     if plan.kind in ("stream", "astream"):
         from ._streams import stream_async, stream_sync
 
@@ -203,7 +212,8 @@ def build(
         hooks=Hooks(listeners) if listeners else None,
     )
     assert isinstance(interface, type)
-    namespace: dict[str, Any] = {name: _method(plan) for name, plan in plans.items()}
+    plain = state.hooks is None and not toolbox and tool_provider is None
+    namespace: dict[str, Any] = {name: _method(plan, plain=plain) for name, plan in plans.items()}
     namespace["__slots__"] = ("_state",)
     namespace["__module__"] = interface.__module__
     namespace["__doc__"] = interface.__doc__

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pydantic_core import to_json
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ._plan import MethodPlan
     from .tools import ToolExecution
 
-__all__ = ["Conversation", "ServiceState", "run_async", "run_sync"]
+__all__ = ["Conversation", "ServiceState", "run_async", "run_plain", "run_sync"]
 
 DEFAULT_MEMORY_ID: Final = "default"
 
@@ -71,12 +71,17 @@ class Conversation:
     the memory id up again instead of running beside the conversation's successor.
     """
 
-    __slots__ = ("lock", "memory", "retired")
+    __slots__ = ("add_turn", "lock", "memory", "retired")
 
     def __init__(self, memory: ChatMemory) -> None:
         self.memory = memory
         self.lock = TurnLock()
         self.retired = False
+        # A memory of ours takes a plain turn (a user message and an answer without tool
+        # requests, both with new ids) without checking what the runner vouches for.
+        self.add_turn: Callable[[UserMessage, AiMessage], None] | None = getattr(
+            memory, "_add_turn", None
+        )
 
 
 @dataclass(slots=True)
@@ -323,36 +328,37 @@ def _feedback(error: ValueError, response_format: ResponseFormat | None) -> User
     return UserMessage(f"{error}\nThe JSON schema: {to_json(response_format.schema).decode()}")
 
 
-def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, Any]:
-    """One turn; yields (operation, argument) pairs to its driver and returns the answer."""
+def _turn(
+    state: ServiceState, call: _Call, first: _FirstRound | None = None
+) -> Generator[tuple[int, Any], Any, Any]:
+    """One turn; yields (operation, argument) pairs to its driver and returns the answer.
+
+    ``first`` is a first model round that :func:`run_plain` already made: the turn goes on
+    from its answer.
+    """
     plan = call.plan
     output = plan.output
-    turn_id = new_message_id()
     hooks = state.hooks
     info: CallInfo | None = None
-    if hooks is not None:
-        info = call.info = CallInfo(
-            plan.qualname, call.memory_id, turn_id, getattr(state.model, "model_name", None)
-        )
-        emit(hooks.on_call_start, info)
-    history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
-    if call.system_text is None and SystemMessage not in map(type, history):
-        messages, system = [*history], None  # the usual case, without a scan in Python
+    pending: ChatResponse | None = None
+    if first is None:
+        turn_id = new_message_id()
+        if hooks is not None:
+            info = call.info = CallInfo(
+                plan.qualname, call.memory_id, turn_id, getattr(state.model, "model_name", None)
+            )
+            emit(hooks.on_call_start, info)
+        history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
+        if call.system_text is None and SystemMessage not in map(type, history):
+            messages, system = [*history], None  # the usual case, without a scan in Python
+        else:
+            messages, system = _request_base(history, call.system_text, turn_id)
+        user = _user_message(call, turn_id)
+        messages.append(user)
+        recorded: list[ChatMessage] = [user] if system is None else [system, user]
     else:
-        messages, system = _request_base(history, call.system_text, turn_id)
-    user = _trusted(
-        UserMessage,
-        {
-            "type": "user",
-            "text": call.user_text,
-            "name": call.user_name,
-            "message_id": new_message_id(),
-            "turn_id": turn_id,
-            "created_at": _now(UTC),
-        },
-    )
-    messages.append(user)
-    recorded: list[ChatMessage] = [user] if system is None else [system, user]
+        turn_id, messages, recorded, first_request, pending = first
+        user = recorded[-1]  # type: ignore[assignment]
 
     toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
     specifications = toolbox.specifications
@@ -364,18 +370,22 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
     retries = 0
     scratch: list[ChatMessage] = []
     while True:
-        request = ChatRequest(
-            # a snapshot: the turn goes on appending to `messages` after the request is sent
-            messages + scratch if scratch else messages.copy(),
-            specifications,
-            response_format,
-            parameters,
-        )
-        if info is not None:
-            emit(hooks.on_request, info, request)  # type: ignore[union-attr]
-        response: ChatResponse = yield _MODEL, request
-        if info is not None:
-            emit(hooks.on_response, info, request, response)  # type: ignore[union-attr]
+        response: ChatResponse
+        if pending is not None:
+            request, response, pending = first_request, pending, None
+        else:
+            request = ChatRequest(
+                # a snapshot: the turn goes on appending to `messages` after the request
+                messages + scratch if scratch else messages.copy(),
+                specifications,
+                response_format,
+                parameters,
+            )
+            if info is not None:
+                emit(hooks.on_request, info, request)  # type: ignore[union-attr]
+            response = yield _MODEL, request
+            if info is not None:
+                emit(hooks.on_response, info, request, response)  # type: ignore[union-attr]
         if response.token_usage is not None:
             usage = response.token_usage if usage is None else usage + response.token_usage
         ai = _recorded(response.ai_message, turn_id)
@@ -437,6 +447,20 @@ def _turn(state: ServiceState, call: _Call) -> Generator[tuple[int, Any], Any, A
         recorded.append(ai)
         yield _COMMIT, (recorded, request, response)
         return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
+
+
+def _user_message(call: _Call, turn_id: str) -> UserMessage:
+    return _trusted(
+        UserMessage,
+        {
+            "type": "user",
+            "text": call.user_text,
+            "name": call.user_name,
+            "message_id": new_message_id(),
+            "turn_id": turn_id,
+            "created_at": _now(UTC),
+        },
+    )
 
 
 def _type_name(annotation: Any) -> str:
@@ -510,8 +534,18 @@ def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> An
 
 
 def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
-    model = state.model or state.chat_model()
-    turn = _turn(state, call)
+    try:
+        return _go_on(_turn(state, call), state.model or state.chat_model(), memory)
+    except BaseException as error:
+        # Cancellation and interrupts too: listeners must see every call end.
+        failed(state, call, error)
+        raise
+
+
+def _go_on(
+    turn: Generator[tuple[int, Any], Any, Any], model: ChatModel, memory: ChatMemory | None
+) -> Any:
+    """Drive ``turn`` to its end on the calling thread; return its answer."""
     send = turn.send
     value: Any = None
     try:
@@ -520,10 +554,72 @@ def _drive(state: ServiceState, call: _Call, memory: ChatMemory | None) -> Any:
             value = model.chat(argument) if op == _MODEL else do_io(op, argument, memory)
     except StopIteration as stop:
         return stop.value
+
+
+def run_plain(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Any:
+    """:func:`run_sync` for a service without listeners or tools, the usual turn written out.
+
+    The turn is the general one's first round; an answer that asks for tools or does not
+    parse hands the turn over to the general loop, which goes on from there.
+    """
+    call = bind(state, plan, args)
+    conversation = call.conversation
+    memory: ChatMemory | None = None
+    if conversation is not None:
+        conversation = hold(state, call)
+        memory = conversation.memory
+    try:
+        output = plan.output
+        turn_id = new_message_id()
+        history: list[ChatMessage] = memory.messages() if memory is not None else []
+        user = _user_message(call, turn_id)
+        recorded: list[ChatMessage]
+        if call.system_text is None and SystemMessage not in map(type, history):
+            messages = [*history, user]
+            recorded = [user]
+        else:
+            messages, system = _request_base(history, call.system_text, turn_id)
+            messages.append(user)
+            recorded = [user] if system is None else [system, user]
+        model = state.model or state.chat_model()
+        request = ChatRequest(
+            messages, state.toolbox.specifications, output.response_format, state.parameters
+        )
+        response = model.chat(request)
+        answer = response.ai_message
+        value: Any = answer
+        if not answer.tool_execution_requests:
+            if not output.returns_ai_message:
+                try:
+                    value = output.parse(answer.text)
+                except ValueError:
+                    value = _HAND_OVER
+            if value is not _HAND_OVER:
+                ai = _recorded(answer, turn_id)
+                if output.returns_ai_message:
+                    value = ai
+                recorded.append(ai)
+                if memory is not None:
+                    add_turn = conversation.add_turn  # type: ignore[union-attr]
+                    if add_turn is not None and len(recorded) == 2:
+                        add_turn(user, ai)
+                    else:
+                        memory.add(*recorded)
+                    if response.token_usage is not None:
+                        _observe(memory, request, response)
+                return _finish(state, call, value, response.token_usage, response, [], ai, 0)
+        first = (turn_id, messages.copy(), recorded, request, response)
+        return _go_on(_turn(state, call, first), model, memory)
     except BaseException as error:
-        # Cancellation and interrupts too: listeners must see every call end.
         failed(state, call, error)
         raise
+    finally:
+        if conversation is not None:
+            conversation.lock.release()
+
+
+_HAND_OVER: Final = object()
+_FirstRound: TypeAlias = tuple[str, list[ChatMessage], list[ChatMessage], ChatRequest, ChatResponse]
 
 
 def do_io(op: int, argument: Any, memory: ChatMemory | None) -> Any:

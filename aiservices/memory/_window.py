@@ -193,6 +193,12 @@ class WindowChatMemory:
             # Only a calibrating memory wraps its _trim: the others pay nothing per add.
             self._trim = self._trim_keeping_costs  # type: ignore[method-assign]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "add" in cls.__dict__ and "_add_turn" not in cls.__dict__:
+            # A subclass with an add of its own sees every turn's messages through it.
+            setattr(cls, "_add_turn", None)  # noqa: B010
+
     # What a subclass supplies.
 
     # A cost every message has (a message window's 1), so hot paths need not ask _cost.
@@ -246,25 +252,37 @@ class WindowChatMemory:
 
         A message without a ``message_id`` is stored with a new one.
         """
-        if not messages:
-            return
+        if messages:
+            self._add(messages, False)
+
+    def _add_turn(self, user: UserMessage, answer: AiMessage) -> None:
+        """``add(user, answer)`` for a service's turn: a user message and an answer without
+        tool requests, each with a new ``message_id`` that no store holds."""
+        self._add((user, answer), True)
+
+    def _add(self, messages: Sequence[ChatMessage], fresh: bool) -> None:
         lock = self._lock
         lock.acquire()
         try:
             limit = self._fixed_limit if self._limit_fn is None else self._read_limit()
             state = self._state
-            write: _Write | None = None
             if state is not None and self._plain_adds and not state.pending and not state.rewrite:
-                write = self._stage_plain(messages, state, limit)
-            if write is None:
-                _check_messages(messages, "add")
-                if state is None:
-                    state = self._state = self._build(self._get(self._id), limit, from_store=True)
-                    write = self._stage(messages, state, limit)
-                else:
-                    write = self._stage_any(messages, state, limit)
-                if write is None:
+                plain = self._stage_plain(messages, state, limit, fresh)
+                if plain is not None:
+                    try:
+                        self._apply(self._id, appended=plain[0], removed=plain[1])  # type: ignore[misc]
+                    except BaseException:
+                        self._state = None
+                        raise
                     return
+            _check_messages(messages, "add")
+            if state is None:
+                state = self._state = self._build(self._get(self._id), limit, from_store=True)
+                write = self._stage(messages, state, limit)
+            else:
+                write = self._stage_any(messages, state, limit)
+            if write is None:
+                return
             try:
                 if write.full is None and self._apply is not None:
                     self._apply(self._id, appended=write.appended, removed=write.removed)
@@ -540,27 +558,32 @@ class WindowChatMemory:
         if self._plain_adds and not state.pending and not state.rewrite:
             plain = self._stage_plain(messages, state, limit)
             if plain is not None:
-                return plain
+                return _Write(None, plain[0], plain[1])
         return self._stage_any(messages, state, limit)
 
     def _stage_plain(
-        self, messages: Sequence[ChatMessage], state: _State, limit: int
-    ) -> _Write | None:
+        self,
+        messages: Sequence[ChatMessage],
+        state: _State,
+        limit: int,
+        fresh: bool = False,
+    ) -> tuple[list[ChatMessage], list[str]] | None:
         """The common add, fast: user and AI messages without tools, each with a new id,
-        into a window whose front is plain messages too.
+        into a window whose front is plain messages too; returns (appended, removed).
 
-        ``None`` when anything is less simple; :meth:`_stage_any` then handles the add.
-        Nothing changes before the checks pass.
+        ``fresh``: the caller vouches for the messages' kinds and new ids. ``None`` when
+        anything is less simple; :meth:`_stage_any` then handles the add. Nothing changes
+        before the checks pass.
         """
-        ids: list[str | None] = []
-        for m in messages:
-            kind = type(m)
-            if kind is not UserMessage and (kind is not AiMessage or m.tool_execution_requests):  # type: ignore[union-attr]
-                return None
-            ids.append(m.message_id)
+        ids: list[str | None] = list(map(_message_id, messages))
         known = state.known
         n = len(ids)
-        if None in ids or not known.keys().isdisjoint(ids) or (n > 1 and len(set(ids)) < n):
+        if not fresh and (
+            not all(map(_plain, messages))
+            or None in ids
+            or not known.keys().isdisjoint(ids)
+            or (n > 1 and (ids[0] == ids[1] if n == 2 else len(set(ids)) < n))
+        ):
             return None
         unit = self._unit_cost
         if unit is None:
@@ -572,46 +595,46 @@ class WindowChatMemory:
             added = unit * n
         msgs = state.msgs
         over = state.total + added + state.system_cost - limit
-        k = 0
         removed: list[str] = []
         if over > 0:
             # Evict plain front messages only; the rules for tool exchanges, whole turns
             # and an oversize newest message stay with the general path.
             front_costs = state.costs
-            size = len(msgs)
-            while over > 0:
-                if k >= size:
-                    break
-                m = msgs[k]
-                kind = type(m)
-                if kind is not UserMessage and (
-                    kind is not AiMessage or m.tool_execution_requests  # type: ignore[union-attr]
-                ):
-                    break
-                over -= front_costs[k]
-                k += 1
-            if over > 0:
-                self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
+            if unit is not None:
+                k = -(-over // unit)
+                over -= k * unit
+            else:
+                k = 0
+                size = len(msgs)
+                while over > 0 and k < size:
+                    over -= front_costs[k]
+                    k += 1
+            front = msgs[:k]
+            if (
+                over > 0
+                or len(front) < k
+                # no tool exchange in the window: every message in it is plain
+                or ((state.open or state.answered) and not all(map(_plain, front)))
+            ):
+                self._counted = dict(zip(map(id, messages), costs, strict=False))
                 return None
-            removed = [m.message_id for m in msgs[:k]]  # type: ignore[misc]
+            removed = list(map(_message_id, front))
             if None in removed:
-                self._counted = {id(m): c for m, c in zip(messages, costs, strict=True)}
+                self._counted = dict(zip(map(id, messages), costs, strict=False))
                 return None
-        state.limit = limit
-        if k:
             for mid in removed:
                 del known[mid]
-            front_costs = state.costs
             state.total -= k * unit if unit is not None else sum(front_costs[:k])
             del msgs[:k]
             del front_costs[:k]
             if state.system_pos:
                 state.system_pos = max(0, state.system_pos - k)
+        state.limit = limit
         msgs += messages
         state.costs += costs
         state.total += added
-        known.update(zip(ids, costs, strict=True))
-        return _Write(None, list(messages), removed)
+        known.update(zip(ids, costs, strict=False))
+        return list(messages), removed
 
     def _stage_any(
         self, messages: Sequence[ChatMessage], state: _State, limit: int
@@ -875,6 +898,9 @@ def _drop_orphans(state: _State) -> list[ChatMessage]:
     state.msgs, state.costs = msgs, costs
     state.system_pos -= before_system
     return dropped
+
+
+_message_id = operator.attrgetter("message_id")
 
 
 def _plain(m: ChatMessage) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -119,11 +120,17 @@ def check_appended(appended: Sequence[ChatMessage]) -> None:
         check_unique_ids(appended)
 
 
+_message_id = operator.attrgetter("message_id")
+
+
 def appended_ids(appended: Sequence[ChatMessage]) -> list[str]:
     """The ``message_id`` of each appended message, checked as :func:`check_appended` does."""
-    new_ids = [m.message_id for m in appended]
+    new_ids = list(map(_message_id, appended))
     # The common case, every id present and distinct, is told apart without a loop in Python.
-    if None in new_ids or (len(new_ids) > 1 and len(set(new_ids)) < len(new_ids)):
+    n = len(new_ids)
+    if None in new_ids or (
+        n > 1 and (new_ids[0] == new_ids[1] if n == 2 else len(set(new_ids)) < n)
+    ):
         check_appended(appended)  # raises, saying which message is wrong
     return cast("list[str]", new_ids)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Collection, Hashable, Sequence
@@ -116,13 +117,39 @@ class InMemoryChatMemoryStore:
             if type(memory_id) is str and not memory_id.startswith(_TYPED)
             else store_key(memory_id)
         )
-        new_ids = appended_ids(appended)
+        new_ids: list[str] = list(map(_message_id, appended))
+        n = len(new_ids)
+        if None in new_ids or (
+            n > 1 and (new_ids[0] == new_ids[1] if n == 2 else len(set(new_ids)) < n)
+        ):
+            new_ids = appended_ids(appended)  # raises, saying which message is wrong
         lock = self._lock
         lock.acquire()
         try:
             conversation = self._conversations.get(key)
-            # The usual write: to a stored conversation, no appended id already there.
+            # The usual write: to a stored conversation, no appended id already there, the
+            # removed ones (if any) its oldest, in order.
             if conversation is not None and conversation.ids.isdisjoint(new_ids):
+                if appended and (
+                    not removed
+                    or (
+                        type(removed) is list
+                        and conversation.mids[
+                            conversation.start : conversation.start + len(removed)
+                        ]
+                        == removed
+                    )
+                ):
+                    conversation.written = _monotonic()
+                    if removed:
+                        conversation.start += len(removed)
+                        conversation.ids.difference_update(removed)
+                        if conversation.start > 32:
+                            _compact(conversation)
+                    conversation.messages += appended
+                    conversation.mids += new_ids
+                    conversation.ids.update(new_ids)
+                    return
                 self._write(key, conversation, appended, new_ids, removed)
                 return
         finally:
@@ -207,6 +234,7 @@ class InMemoryChatMemoryStore:
 
 
 _monotonic = time.monotonic
+_message_id = operator.attrgetter("message_id")
 
 
 _NOTHING: frozenset[str | None] = frozenset()
@@ -242,8 +270,15 @@ def _remove(conversation: _Conversation, removed: Collection[str | None]) -> Non
             kept = [i for i in range(start, end) if mids[i] not in gone]
             messages[start:end] = [messages[i] for i in kept]
             mids[start:end] = [mids[i] for i in kept]
-    if start > 32 and start * 2 > len(messages):
-        del messages[:start]
-        del mids[:start]
-        start = 0
     conversation.start = start
+    if start > 32:
+        _compact(conversation)
+
+
+def _compact(conversation: _Conversation) -> None:
+    """Cut off the dead head once it outgrows the live conversation."""
+    start = conversation.start
+    if start * 2 > len(conversation.messages):
+        del conversation.messages[:start]
+        del conversation.mids[:start]
+        conversation.start = 0
