@@ -3,9 +3,9 @@
 Run by hand: ``python benchmarks/bench_import.py [runs] [--cached]``. Each run is a fresh
 interpreter with ``-X importtime``; the runs of ``import aiservices`` alternate with runs
 that import pydantic and define one model (the floor: messages are pydantic models), so
-that load on the machine spoils both alike. Prints the median and minimum of each in
-milliseconds, the ratio of the medians, and checks that no provider SDK, database driver,
-tiktoken or asyncio was imported. ``--cached`` lets Python write and use ``.pyc`` files (in
+that load on the machine spoils both alike. Prints the median, minimum and maximum of each
+in milliseconds, the ratio of the medians, and checks that no provider SDK, database
+driver, tiktoken or asyncio was imported. ``--cached`` lets Python write and use ``.pyc`` files (in
 a temporary directory, leaving the checkout as it was), as an installed package has them;
 without it, the environment decides (with ``PYTHONDONTWRITEBYTECODE=1`` and no
 ``__pycache__`` in the checkout, every run compiles aiservices from source).
@@ -80,7 +80,8 @@ def main() -> None:
         floor.append(import_ms(FLOOR))
     for name, samples in (("import aiservices", ours), ("pydantic + one model", floor)):
         print(
-            f"{name:<22} median {statistics.median(samples):6.1f} ms   min {min(samples):6.1f} ms"
+            f"{name:<22} median {statistics.median(samples):6.1f} ms   "
+            f"min {min(samples):6.1f} ms   max {max(samples):6.1f} ms"
         )
     print(f"ratio of medians {statistics.median(ours) / statistics.median(floor):.2f}")
     print("heavy modules loaded:", ", ".join(found) if found else "none")
