@@ -228,6 +228,11 @@ class _Call:
     info: CallInfo | None = None
 
 
+# What run_plain hands over to the general loop: the turn id, the messages so far, those to
+# record, and the first request with its answer.
+_FirstRound: TypeAlias = tuple[str, list[ChatMessage], list[ChatMessage], ChatRequest, ChatResponse]
+
+
 def _stamp(cls: type[Any], values: dict[str, Any], turn_id: str) -> Any:
     values["message_id"] = new_message_id()
     values["turn_id"] = turn_id
@@ -333,8 +338,8 @@ def _turn(
 ) -> Generator[tuple[int, Any], Any, Any]:
     """One turn; yields (operation, argument) pairs to its driver and returns the answer.
 
-    ``first`` is a first model round that :func:`run_plain` already made: the turn goes on
-    from its answer.
+    ``first`` is a first model round that :func:`run_plain` already made for a service
+    without listeners: the turn goes on from its answer.
     """
     plan = call.plan
     output = plan.output
@@ -587,17 +592,13 @@ def run_plain(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> A
         )
         response = model.chat(request)
         answer = response.ai_message
-        value: Any = answer
         if not answer.tool_execution_requests:
-            if not output.returns_ai_message:
-                try:
-                    value = output.parse(answer.text)
-                except ValueError:
-                    value = _HAND_OVER
-            if value is not _HAND_OVER:
+            try:
+                value = None if output.returns_ai_message else output.parse(answer.text)
+            except ValueError:
+                pass  # the general loop asks again, with the error
+            else:
                 ai = _recorded(answer, turn_id)
-                if output.returns_ai_message:
-                    value = ai
                 recorded.append(ai)
                 if memory is not None:
                     add_turn = conversation.add_turn  # type: ignore[union-attr]
@@ -605,8 +606,9 @@ def run_plain(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> A
                         add_turn(user, ai)
                     else:
                         memory.add(*recorded)
-                    if response.token_usage is not None:
-                        _observe(memory, request, response)
+                    _observe(memory, request, response)
+                if output.returns_ai_message:
+                    value = ai
                 return _finish(state, call, value, response.token_usage, response, [], ai, 0)
         first = (turn_id, messages.copy(), recorded, request, response)
         return _go_on(_turn(state, call, first), model, memory)
@@ -616,10 +618,6 @@ def run_plain(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> A
     finally:
         if conversation is not None:
             conversation.lock.release()
-
-
-_HAND_OVER: Final = object()
-_FirstRound: TypeAlias = tuple[str, list[ChatMessage], list[ChatMessage], ChatRequest, ChatResponse]
 
 
 def do_io(op: int, argument: Any, memory: ChatMemory | None) -> Any:
