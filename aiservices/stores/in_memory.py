@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import threading
 import time
 from collections.abc import Collection, Hashable, Sequence
@@ -117,34 +116,28 @@ class InMemoryChatMemoryStore:
             if type(memory_id) is str and not memory_id.startswith(_TYPED)
             else store_key(memory_id)
         )
-        new_ids: list[str] = list(map(_message_id, appended))
-        n = len(new_ids)
-        if None in new_ids or (
-            n > 1 and (new_ids[0] == new_ids[1] if n == 2 else len(set(new_ids)) < n)
-        ):
-            new_ids = appended_ids(appended)  # raises, saying which message is wrong
+        new_ids = appended_ids(appended)
         lock = self._lock
         lock.acquire()
         try:
             conversation = self._conversations.get(key)
-            # The usual write: to a stored conversation, no appended id already there, the
-            # removed ones (if any) its oldest, in order.
+            # The usual write: to a stored conversation, no appended id already there.
             if conversation is not None and conversation.ids.isdisjoint(new_ids):
+                start, count = conversation.start, len(removed)
                 if appended and (
-                    not removed
+                    not count
                     or (
                         type(removed) is list
-                        and conversation.mids[
-                            conversation.start : conversation.start + len(removed)
-                        ]
-                        == removed
+                        and conversation.mids[start : start + count] == removed
                     )
                 ):
+                    # A window's turn: its oldest messages out, in order, and the new ones in.
+                    # Done here rather than in _write, which this would call with _remove.
                     conversation.written = _monotonic()
-                    if removed:
-                        conversation.start += len(removed)
+                    if count:
+                        conversation.start = start + count
                         conversation.ids.difference_update(removed)
-                        if conversation.start > 32:
+                        if start + count > 32:
                             _compact(conversation)
                     conversation.messages += appended
                     conversation.mids += new_ids
@@ -234,7 +227,6 @@ class InMemoryChatMemoryStore:
 
 
 _monotonic = time.monotonic
-_message_id = operator.attrgetter("message_id")
 
 
 _NOTHING: frozenset[str | None] = frozenset()
