@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Annotated, Any, Protocol
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_service_atomic import CountingStore
 
 from aiservices import (
     AiMessage,
@@ -252,3 +254,36 @@ def test_a_token_window_counts_each_message_of_a_plain_turn_once() -> None:
     kept = bot.get_chat_memory("alice").messages()
     assert sum(len((m.text or "").split()) + 1 for m in kept) <= 12
     assert [m.text for m in kept][-2:] == ["question 5", "an answer"]
+
+
+def test_plain_turns_read_once_and_write_once_and_a_failed_one_writes_nothing() -> None:
+    store = CountingStore()
+    model = ScriptedChatModel(
+        "hello",
+        "not a number",  # the count below is handed over to the general loop, then parses
+        "3",
+        RuntimeError("provider down"),
+        default="fine",
+    )
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4, store=store),
+    )
+    assert _is_plain(bot)
+    bot.chat("u", "hi")
+    assert (store.reads, store.writes) == (1, 1)
+    assert bot.count("u", "three things", mode="terse") == 3
+    assert store.reads <= 2
+    assert store.writes == 2
+    before = [(m, m.message_id) for m in store.get_messages("u")]
+    reads = store.reads
+    with pytest.raises(RuntimeError, match="provider down"):
+        bot.chat("u", "this turn fails")
+    assert store.writes == 2
+    assert [(m, m.message_id) for m in store.get_messages("u")] == before
+    for turn in range(5):
+        bot.chat("u", f"again {turn}")
+        assert store.writes == 3 + turn
+    # One read per turn at the most: the failed one and the five after it.
+    assert store.reads <= reads + 6
