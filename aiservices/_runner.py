@@ -354,13 +354,7 @@ def _turn(
             )
             emit(hooks.on_call_start, info)
         history: list[ChatMessage] = (yield _READ, None) if call.conversation is not None else []
-        if call.system_text is None and SystemMessage not in map(type, history):
-            messages, system = [*history], None  # the usual case, without a scan in Python
-        else:
-            messages, system = _request_base(history, call.system_text, turn_id)
-        user = _user_message(call, turn_id)
-        messages.append(user)
-        recorded: list[ChatMessage] = [user] if system is None else [system, user]
+        messages, recorded, user = _open_turn(call, history, turn_id)
     else:
         turn_id, messages, recorded, first_request, pending = first
         user = recorded[-1]  # type: ignore[assignment]
@@ -452,6 +446,21 @@ def _turn(
         recorded.append(ai)
         yield _COMMIT, (recorded, request, response)
         return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
+
+
+def _open_turn(
+    call: _Call, history: list[ChatMessage], turn_id: str
+) -> tuple[list[ChatMessage], list[ChatMessage], UserMessage]:
+    """What the model is sent first (the window, then the user message), what the turn
+    records so far, and the user message."""
+    if call.system_text is None and SystemMessage not in map(type, history):
+        user = _user_message(call, turn_id)  # the usual case, without a scan in Python
+        return [*history, user], [user], user
+    # A new system message is stamped before the user message, as it is recorded.
+    messages, system = _request_base(history, call.system_text, turn_id)
+    user = _user_message(call, turn_id)
+    messages.append(user)
+    return messages, [user] if system is None else [system, user], user
 
 
 def _user_message(call: _Call, turn_id: str) -> UserMessage:
@@ -577,15 +586,7 @@ def run_plain(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> A
         output = plan.output
         turn_id = new_message_id()
         history: list[ChatMessage] = memory.messages() if memory is not None else []
-        user = _user_message(call, turn_id)
-        recorded: list[ChatMessage]
-        if call.system_text is None and SystemMessage not in map(type, history):
-            messages = [*history, user]
-            recorded = [user]
-        else:
-            messages, system = _request_base(history, call.system_text, turn_id)
-            messages.append(user)
-            recorded = [user] if system is None else [system, user]
+        messages, recorded, user = _open_turn(call, history, turn_id)
         model = state.model or state.chat_model()
         request = ChatRequest(
             messages, state.toolbox.specifications, output.response_format, state.parameters

@@ -22,6 +22,7 @@ from aiservices import (
     MemoryId,
     MessageWindowChatMemory,
     Result,
+    SystemMessage,
     TokenWindowChatMemory,
     ToolExecutionRequest,
     UserMessage,
@@ -151,6 +152,23 @@ def test_a_plain_turn_records_metadata_as_the_general_loop_does() -> None:
     assert user.created_at <= ai.created_at
     # What the model saw is the turn so far, without the answer.
     assert model.requests[0].messages == [UserMessage("Hi")]
+
+
+def test_a_new_system_message_is_stamped_before_the_user_message_it_precedes() -> None:
+    model = ScriptedChatModel("4")
+    bot = _build(model, general=False, max_messages=10)
+    assert bot.count("alice", "four things", mode="terse") == 4
+    system, user, ai = bot.get_chat_memory("alice").messages()
+    assert isinstance(system, SystemMessage)
+    assert system.turn_id == user.turn_id == ai.turn_id
+    # Ids are ordered within a process, and times never go back: both follow the record.
+    assert system.message_id is not None
+    assert user.message_id is not None
+    assert ai.message_id is not None
+    assert system.message_id < user.message_id < ai.message_id
+    assert system.created_at is not None
+    assert user.created_at is not None
+    assert system.created_at <= user.created_at
 
 
 def test_a_tool_request_without_tools_is_answered_with_an_error_then_the_turn_goes_on() -> None:
