@@ -29,7 +29,7 @@ from .stores import ChatMemoryStore
 
 if TYPE_CHECKING:
     from ._result import Result
-    from ._streams import AsyncTextStream, TextStream
+    from ._text_streams import AsyncTextStream, TextStream
     from .memory import (
         MessageWindowChatMemory,
         SummarizingChatMemory,
@@ -66,8 +66,8 @@ _LAZY = {
     "TokenCountEstimator": ".memory",
     "TokenWindowChatMemory": ".memory",
     "SummarizingChatMemory": ".memory",
-    "TextStream": "._streams",
-    "AsyncTextStream": "._streams",
+    "TextStream": "._text_streams",
+    "AsyncTextStream": "._text_streams",
     "tool": ".tools",
     "ToolExecution": ".tools",
     "Result": "._result",

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._conversations import Conversation, Conversations, key_of
 from ._hooks import Hooks
 from ._plan import plan_interface
-from ._runner import Conversation, ServiceState, run_async, run_plain, run_sync
+from ._runner import run_async, run_sync, stream_async, stream_sync
 from ._toolbox import Toolbox
+from ._turn import ServiceState
 from .errors import InterfaceError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
@@ -36,33 +36,37 @@ class _ServiceBase:
 
     def get_chat_memory(self, memory_id: Hashable) -> ChatMemory:
         state = self._state
-        if state.memory_provider is None:
-            if state.single is not None and memory_id == state.single.memory.id:
-                return state.single.memory
+        single = state.single
+        if not state.conversations.has_provider:
+            if single is not None and memory_id == single.memory.id:
+                return single.memory
             raise LookupError(
                 f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
             )
-        conversation = state.conversation(memory_id)
-        assert conversation is not None
-        return conversation.memory
+        return state.conversations.get(memory_id, key_of(memory_id)).memory
 
     def evict_chat_memory(self, memory_id: Hashable) -> None:
-        self._state.evict(memory_id)
+        self._state.conversations.evict(key_of(memory_id))
 
     def forget(self, memory_id: Hashable) -> None:
         state = self._state
-        memory = self.get_chat_memory(memory_id)
-        conversation = state.conversation(memory_id, create=False)
-        if conversation is None:
-            _erase(memory)
+        conversations = state.conversations
+        key: str | None = None
+        if conversations.has_provider:
+            key = key_of(memory_id)
+            conversation = conversations.get(memory_id, key)
         else:
-            # Hold the turn lock as a call would, so that no turn runs during the erase.
-            conversation.lock.acquire()
-            try:
-                _erase(conversation.memory)
-            finally:
-                conversation.lock.release()
-        state.evict(memory_id)
+            self.get_chat_memory(memory_id)  # a LookupError for an id the service lacks
+            assert state.single is not None
+            conversation = state.single
+        # Hold the turn lock as a call would, so that no turn runs during the erase.
+        conversation = conversations.hold(conversation, memory_id, key)
+        try:
+            _erase(conversation.memory)
+        finally:
+            conversation.lock.release()
+        if key is not None:
+            conversations.evict(key)
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} service>"
@@ -75,12 +79,8 @@ def _erase(memory: ChatMemory) -> None:
         forget(memory.id)
 
 
-def _method(plan: MethodPlan, *, plain: bool) -> Callable[..., Any]:
-    """A method with the interface's own signature that hands its arguments to the runner.
-
-    ``plain``: the service has no listeners and no tools, so a sync call may take
-    :func:`run_plain`.
-    """
+def _method(plan: MethodPlan) -> Callable[..., Any]:
+    """A method with the interface's own signature that hands its arguments to a driver."""
     names = plan.parameters
     params = list(plan.signature.parameters.values())[1:]
     defaults: dict[str, Any] = {}
@@ -102,7 +102,7 @@ def _method(plan: MethodPlan, *, plain: bool) -> Callable[..., Any]:
             pieces.append("/")
     arguments = "".join(f"{n}, " for n in names)
     runner = {
-        "sync": "run_plain" if plain else "run_sync",
+        "sync": "run_sync",
         "async": "run_async",
         "stream": "stream_sync",
         "astream": "stream_async",
@@ -115,15 +115,12 @@ def _method(plan: MethodPlan, *, plain: bool) -> Callable[..., Any]:
     )
     namespace: dict[str, Any] = {
         "run_sync": run_sync,
-        "run_plain": run_plain,
         "run_async": run_async,
+        "stream_sync": stream_sync,
+        "stream_async": stream_async,
         "_plan": plan,
+        **defaults,
     }
-    if plan.kind in ("stream", "astream"):
-        from ._streams import stream_async, stream_sync
-
-        namespace.update(stream_sync=stream_sync, stream_async=stream_async)
-    namespace.update(defaults)
     exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
     function: Callable[..., Any] = namespace[plan.name]
     function.__doc__ = plan.doc
@@ -197,7 +194,8 @@ def build(
     state = ServiceState(
         model=chat_model,
         model_spec=model_spec,
-        memory_provider=chat_memory_provider,
+        conversations=Conversations(chat_memory_provider, chat_memory_cache_size),
+        single=Conversation(chat_memory) if chat_memory is not None else None,
         toolbox=toolbox,
         tool_provider=tool_provider,
         tool_error_handler=tool_error_handler,
@@ -205,15 +203,10 @@ def build(
         max_tool_invocations=max_tool_invocations,
         max_output_retries=max_output_retries,
         parameters=parameters or ChatRequestParameters(),
-        cache_size=chat_memory_cache_size,
-        conversations=OrderedDict(),
-        table_lock=threading.Lock(),
-        single=Conversation(chat_memory) if chat_memory is not None else None,
         hooks=Hooks(listeners) if listeners else None,
     )
     assert isinstance(interface, type)
-    plain = state.hooks is None and not toolbox and tool_provider is None
-    namespace: dict[str, Any] = {name: _method(plan, plain=plain) for name, plan in plans.items()}
+    namespace: dict[str, Any] = {name: _method(plan) for name, plan in plans.items()}
     namespace["__slots__"] = ("_state",)
     namespace["__module__"] = interface.__module__
     namespace["__doc__"] = interface.__doc__

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from ._output import OutputPlan, UnsupportedOutputType, plan_output
 from ._result import Result
 from ._templates import BUILTIN_VARIABLES, Template
+from ._text_streams import AsyncTextStream, TextStream
 from .errors import InterfaceError
 from .markers import MemoryId, UserName, V, is_marker
 from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
@@ -102,8 +103,6 @@ def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] 
 
     A string is the problem with a streaming declaration.
     """
-    from ._streams import AsyncTextStream, TextStream
-
     origin = get_origin(annotation) or annotation
     if origin in (collections.abc.Iterator, collections.abc.Iterable, TextStream):
         if is_async:

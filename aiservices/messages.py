@@ -96,7 +96,19 @@ class _Message(_Frozen):
             values["turn_id"] = turn_id
         if created_at is not None:
             values["created_at"] = created_at
-        return _trusted(type(self), values)
+        return unchecked_message(type(self), values)
+
+    # pydantic's copies share the fields set, which recorded messages keep frozen and shared
+    # by class: a copy that model_copy(update=...) may change gets a set of its own.
+    def __copy__(self) -> Self:
+        copied = super().__copy__()
+        _set_fields(copied, set(self.__pydantic_fields_set__))
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        copied = super().__deepcopy__(memo)
+        _set_fields(copied, set(self.__pydantic_fields_set__))
+        return copied
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -108,14 +120,25 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def _trusted(cls: type[_M], values: dict[str, object]) -> _M:
-    """Build a model from values already known valid, without validation (hot paths)."""
+def unchecked_message(cls: type[_M], values: dict[str, object]) -> _M:
+    """A message of ``cls`` made from ``values`` known valid, without validation.
+
+    For the framework's hot paths: ``values`` becomes the message's ``__dict__`` as it is.
+    When it names every field, the message shares its class's frozen fields set (a set of
+    its own would cost about 470 bytes per message).
+    """
     instance = _new(cls)
     _set_dict(instance, "__dict__", values)
-    _set_fields(instance, set(values))
+    fields = _field_sets.get(cls)
+    if fields is None:
+        fields = _field_sets[cls] = frozenset(cls.model_fields)
+    _set_fields(instance, fields if len(values) == len(fields) else set(values))
     _set_extra(instance, None)
     _set_private(instance, None)
     return instance
+
+
+_field_sets: dict[type[BaseModel], frozenset[str]] = {}
 
 
 def _hashable(value: object) -> object:

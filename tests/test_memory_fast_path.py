@@ -1,7 +1,7 @@
 """The window memories' fast path for plain adds agrees with the general rules (hypothesis).
 
 Adds of user messages and answers without tool requests, each with a new id, take a fast
-path (and a service's turn skips even its checks). Each script below runs on a memory as it
+path. Each script below runs on a memory as it
 is and on one held to the general path; their windows and stores must match exactly, ids
 included, after every step.
 """
@@ -94,7 +94,7 @@ def test_the_fast_path_agrees_with_the_general_rules(
         if op == "turn":
             user = UserMessage(conversation.text(value[0]), message_id=_new_id())
             answer = AiMessage(conversation.text(value[1]), message_id=_new_id())
-            fast._add_turn(user, answer)
+            fast.add(user, answer)
             slow.add(user, answer)
             last = [user, answer]
         elif op == "add_again":
@@ -118,7 +118,7 @@ def test_a_plain_add_evicts_a_tool_exchange_at_the_front_with_its_results() -> N
     assert len(memory.messages()) == 4  # user, the request, two results
     user = UserMessage("next", message_id=new_message_id())
     answer = AiMessage("fine", message_id=new_message_id())
-    memory._add_turn(user, answer)
+    memory.add(user, answer)
     # The request goes, and its results with it: no orphan stays in the window.
     assert memory.messages() == [user, answer]
     assert memory.store.get_messages("default") == [user, answer]

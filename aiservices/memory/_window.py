@@ -193,12 +193,6 @@ class WindowChatMemory:
             # Only a calibrating memory wraps its _trim: the others pay nothing per add.
             self._trim = self._trim_keeping_costs  # type: ignore[method-assign]
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "add" in cls.__dict__ and "_add_turn" not in cls.__dict__:
-            # A subclass with an add of its own sees every turn's messages through it.
-            setattr(cls, "_add_turn", None)  # noqa: B010
-
     # What a subclass supplies.
 
     # A cost every message has (a message window's 1), so hot paths need not ask _cost.
@@ -218,6 +212,11 @@ class WindowChatMemory:
     def store(self) -> ChatMemoryStore:
         """The store that keeps this memory's messages."""
         return self._store
+
+    @property
+    def is_blocking(self) -> bool:
+        """Whether the store does I/O; when not, async callers use the sync methods."""
+        return self._async is not _Async.DIRECT
 
     def messages(self) -> list[ChatMessage]:
         """The messages in the window, oldest first; reads the store once.
@@ -252,22 +251,15 @@ class WindowChatMemory:
 
         A message without a ``message_id`` is stored with a new one.
         """
-        if messages:
-            self._add(messages, False)
-
-    def _add_turn(self, user: UserMessage, answer: AiMessage) -> None:
-        """``add(user, answer)`` for a service's turn: a user message and an answer without
-        tool requests, each with a new ``message_id`` that no store holds."""
-        self._add((user, answer), True)
-
-    def _add(self, messages: Sequence[ChatMessage], fresh: bool) -> None:
+        if not messages:
+            return
         lock = self._lock
         lock.acquire()
         try:
             limit = self._fixed_limit if self._limit_fn is None else self._read_limit()
             state = self._state
             if state is not None and self._plain_adds and not state.pending and not state.rewrite:
-                plain = self._stage_plain(messages, state, limit, fresh)
+                plain = self._stage_plain(messages, state, limit)
                 if plain is not None:
                     try:
                         self._apply(self._id, appended=plain[0], removed=plain[1])  # type: ignore[misc]
@@ -566,19 +558,17 @@ class WindowChatMemory:
         messages: Sequence[ChatMessage],
         state: _State,
         limit: int,
-        fresh: bool = False,
     ) -> tuple[list[ChatMessage], list[str]] | None:
         """The common add, fast: user and AI messages without tools, each with a new id,
         into a window whose front is plain messages too; returns (appended, removed).
 
-        ``fresh``: the caller vouches for the messages' kinds and new ids. ``None`` when
-        anything is less simple; :meth:`_stage_any` then handles the add. Nothing changes
-        before the checks pass.
+        ``None`` when anything is less simple; :meth:`_stage_any` then handles the add.
+        Nothing changes before the checks pass.
         """
         ids: list[str | None] = list(map(_message_id, messages))
         known = state.known
         n = len(ids)
-        if not fresh and (
+        if (
             not all(map(_plain, messages))
             or None in ids
             or not known.keys().isdisjoint(ids)

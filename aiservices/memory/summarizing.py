@@ -181,6 +181,11 @@ class SummarizingChatMemory(WindowChatMemory):
         return self._estimator
 
     @property
+    def is_blocking(self) -> bool:
+        """Always: an add may ask the summarizer, so async callers use :meth:`aadd`."""
+        return True
+
+    @property
     def calibration(self) -> float:
         """Provider tokens per estimated token that the budget is divided by now."""
         return self._factor

@@ -1,13 +1,16 @@
-"""The written-out turn of services without listeners or tools behaves as the general loop.
+"""One turn, whichever way it is called: sync, async, sync stream, async stream, with or
+without listeners, all run the same turn (``aiservices._turn``).
 
-A sync call of such a service takes ``run_plain``; an answer that asks for tools or does not
-parse hands the turn over to the general loop. Both paths must send the same requests,
-return the same values, raise the same errors and record the same messages.
+Message ``==`` ignores ids, turn ids and timestamps, so these tests make the ids and the
+clock deterministic and compare the recorded messages field by field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Hashable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Protocol
 
 import pytest
@@ -15,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_service_atomic import CountingStore
 
+import aiservices._turn
+import aiservices.messages
 from aiservices import (
     AiMessage,
     ChatMemoryAccess,
@@ -28,6 +33,7 @@ from aiservices import (
     UserMessage,
     ai_service,
     system_message,
+    tool,
 )
 from aiservices.models import TokenUsage
 from aiservices.observability import CallInfo
@@ -45,24 +51,46 @@ class Bot(ChatMemoryAccess, Protocol):
     def detailed(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
 
 
+class AsyncBot(ChatMemoryAccess, Protocol):
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    @system_message("Count what you are told. {{mode}}")
+    async def count(self, user: Annotated[str, MemoryId], text: str, mode: str) -> int: ...
+
+    async def answer(self, user: Annotated[str, MemoryId], text: str) -> AiMessage: ...
+
+    async def detailed(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
 class _Quiet:
-    """A listener that does nothing: its presence sends every call down the general loop."""
+    """A listener that does nothing but be there."""
 
     def on_call_start(self, info: CallInfo) -> None:
         pass
 
 
-def _build(model: ScriptedChatModel, *, general: bool, max_messages: int) -> Bot:
-    return ai_service(
-        Bot,
-        model=model,
-        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=max_messages),
-        listeners=[_Quiet()] if general else [],
-    )
+class _Clock:
+    """Deterministic message ids and turn times, restarted before each way of calling."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.restart(0)
+
+    def restart(self, base: int) -> None:
+        ids = aiservices.messages._ids
+        self.monkeypatch.setattr(ids, "counter", itertools.count(base * 1000 + 1))
+        ticks = itertools.count()
+        start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(days=base)
+
+        def now(tz: Any = None) -> datetime:
+            return start + timedelta(seconds=next(ticks))
+
+        self.monkeypatch.setattr(aiservices._turn, "_now", now)
 
 
-def _is_plain(bot: Bot) -> bool:
-    return "run_plain" in type(bot).chat.__code__.co_names
+def _fields(messages: Sequence[ChatMessage]) -> list[tuple[Any, ...]]:
+    """Every field of each message: content, ids, turn id and time."""
+    return [tuple(sorted(m.__dict__.items(), key=lambda item: item[0])) for m in messages]
 
 
 # A reply, by kind: "text", "number", "bad" (not a number), "tool" (a tool nobody has),
@@ -90,25 +118,37 @@ def _reply(kind: str, turn: int, step: int) -> Any:
     return RuntimeError(f"model down {turn}.{step}")
 
 
-def _call(bot: Bot, method: str, user: str, mode: str, text: str) -> Any:
+def _outcome(value: Any) -> Any:
+    if isinstance(value, Result):
+        ai = value.ai_message
+        return (
+            "result",
+            value.content,
+            value.token_usage,
+            value.memory_id,
+            value.finish_reason,
+            None if ai is None else _fields([ai]),
+        )
+    if isinstance(value, AiMessage):
+        return ("ai", _fields([value]))
+    return value
+
+
+def _sync_call(bot: Bot, method: str, user: str, mode: str, text: str) -> Any:
     if method == "count":
         return bot.count(user, text, mode=mode)
     return getattr(bot, method)(user, text)
 
 
-def _outcome(value: Any) -> Any:
-    if isinstance(value, Result):
-        return ("result", value.content, value.token_usage, value.memory_id, value.finish_reason)
-    return value
+def _async_call(bot: AsyncBot, method: str, user: str, mode: str, text: str) -> Any:
+    if method == "count":
+        return asyncio.run(bot.count(user, text, mode=mode))
+    return asyncio.run(getattr(bot, method)(user, text))
 
 
-def _requests(model: ScriptedChatModel) -> list[tuple[list[ChatMessage], Any, Any]]:
-    return [(list(r.messages), r.tools, r.response_format) for r in model.requests]
-
-
-@settings(max_examples=60, deadline=None)
-@given(turns=st.lists(_TURN, min_size=1, max_size=8), max_messages=st.integers(2, 7))
-def test_the_plain_path_and_the_general_loop_agree(
+@settings(max_examples=40, deadline=None)
+@given(turns=st.lists(_TURN, min_size=1, max_size=6), max_messages=st.integers(2, 7))
+def test_sync_async_and_listened_calls_record_the_same_messages_field_by_field(
     turns: list[tuple[str, str, str, list[str]]], max_messages: int
 ) -> None:
     replies = [
@@ -116,31 +156,132 @@ def test_the_plain_path_and_the_general_loop_agree(
         for t, (_, _, _, kinds) in enumerate(turns)
         for s, kind in enumerate(kinds)
     ]
-    plain_model = ScriptedChatModel(*replies, default="fallback", usage=TokenUsage(3, 4))
-    general_model = ScriptedChatModel(*replies, default="fallback", usage=TokenUsage(3, 4))
-    plain = _build(plain_model, general=False, max_messages=max_messages)
-    general = _build(general_model, general=True, max_messages=max_messages)
-    assert _is_plain(plain)
-    assert not _is_plain(general)
-    for t, (method, user, mode, kinds) in enumerate(turns):
-        outcomes = []
-        for bot in (plain, general):
-            try:
-                outcomes.append(("ok", _outcome(_call(bot, method, user, mode, f"q{t}"))))
-            except Exception as error:
-                outcomes.append(("error", type(error), str(error)))
-        assert outcomes[0] == outcomes[1], (t, kinds)
-        for user_id in ("alice", "bob"):
-            assert (
-                plain.get_chat_memory(user_id).messages()
-                == general.get_chat_memory(user_id).messages()
-            )
-    assert _requests(plain_model) == _requests(general_model)
+    models = [
+        ScriptedChatModel(*replies, default="fallback", usage=TokenUsage(3, 4)) for _ in "123"
+    ]
+
+    def provider() -> Any:
+        return MessageWindowChatMemory.provider(max_messages=max_messages)
+
+    sync_bot = ai_service(Bot, model=models[0], chat_memory_provider=provider())
+    listened = ai_service(
+        Bot, model=models[1], chat_memory_provider=provider(), listeners=[_Quiet()]
+    )
+    async_bot = ai_service(AsyncBot, model=models[2], chat_memory_provider=provider())
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        clock = _Clock(monkeypatch)
+        for t, (method, user, mode, _) in enumerate(turns):
+            outcomes = []
+            for bot, call in (
+                (sync_bot, _sync_call),
+                (listened, _sync_call),
+                (async_bot, _async_call),
+            ):
+                clock.restart(t)
+                try:
+                    outcomes.append(("ok", _outcome(call(bot, method, user, mode, f"q{t}"))))  # type: ignore[operator]
+                except Exception as error:
+                    message = str(error).replace("AsyncBot.", "Bot.")
+                    outcomes.append(("error", type(error), message))
+            assert outcomes[0] == outcomes[1] == outcomes[2], t
+            for user_id in ("alice", "bob"):
+                recorded = [
+                    _fields(bot.get_chat_memory(user_id).messages())
+                    for bot in (sync_bot, listened, async_bot)
+                ]
+                assert recorded[0] == recorded[1] == recorded[2]
+    requests = [
+        [(list(r.messages), r.tools, r.response_format) for r in m.requests] for m in models
+    ]
+    assert requests[0] == requests[1] == requests[2]
 
 
-def test_a_plain_turn_records_metadata_as_the_general_loop_does() -> None:
+class Streaming(ChatMemoryAccess, Protocol):
+    @system_message("Be brief.")
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    @system_message("Be brief.")
+    def stream(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+    @system_message("Be brief.")
+    async def achat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    @system_message("Be brief.")
+    def astream(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
+
+
+@tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def _script() -> ScriptedChatModel:
+    return ScriptedChatModel(
+        AiMessage(
+            "Let me look.",
+            [ToolExecutionRequest("w1", "weather", '{"city": "Oslo"}')],
+        ),
+        "Sunny in Oslo.",
+    )
+
+
+async def _drain(stream: AsyncIterator[str]) -> str:
+    return "".join([piece async for piece in stream])
+
+
+def test_every_way_of_calling_records_the_same_ids_turn_id_and_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock(monkeypatch)
+    recorded: dict[str, list[tuple[Any, ...]]] = {}
+    answers: dict[str, str] = {}
+    for way in ("chat", "stream", "achat", "astream"):
+        bot = ai_service(
+            Streaming,
+            model=_script(),
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+            tools=[weather],
+        )
+        clock.restart(0)
+        if way == "chat":
+            answers[way] = bot.chat("alice", "Weather in Oslo?")
+        elif way == "stream":
+            answers[way] = "".join(bot.stream("alice", "Weather in Oslo?"))
+        elif way == "achat":
+            answers[way] = asyncio.run(bot.achat("alice", "Weather in Oslo?"))
+        else:
+            answers[way] = asyncio.run(_drain(bot.astream("alice", "Weather in Oslo?")))
+        recorded[way] = _fields(bot.get_chat_memory("alice").messages())
+    assert answers["chat"] == answers["achat"] == "Sunny in Oslo."
+    assert answers["stream"] == answers["astream"] == "Let me look.Sunny in Oslo."
+    assert recorded["chat"] == recorded["stream"] == recorded["achat"] == recorded["astream"]
+    messages = dict(recorded["chat"][0])
+    assert messages["type"] == "system"
+    kinds = [dict(fields)["type"] for fields in recorded["chat"]]
+    assert kinds == ["system", "user", "ai", "tool_result", "ai"]
+    # One turn id on every message, ids in the order recorded, one time: when the turn began.
+    turn_ids = {dict(fields)["turn_id"] for fields in recorded["chat"]}
+    assert len(turn_ids) == 1
+    ids = [dict(fields)["message_id"] for fields in recorded["chat"]]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 5
+    assert turn_ids.isdisjoint(ids)
+    times = {dict(fields)["created_at"] for fields in recorded["chat"]}
+    assert times == {datetime(2026, 1, 1, tzinfo=UTC)}
+
+
+def _build(model: ScriptedChatModel, *, max_messages: int) -> Bot:
+    return ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=max_messages),
+    )
+
+
+def test_a_turn_records_its_metadata() -> None:
     model = ScriptedChatModel("Hello!")
-    bot = _build(model, general=False, max_messages=10)
+    bot = _build(model, max_messages=10)
     bot.chat("alice", "Hi")
     user, ai = bot.get_chat_memory("alice").messages()
     assert isinstance(user, UserMessage)
@@ -149,14 +290,14 @@ def test_a_plain_turn_records_metadata_as_the_general_loop_does() -> None:
     assert len({user.message_id, ai.message_id, user.turn_id}) == 3
     assert user.created_at is not None
     assert ai.created_at is not None
-    assert user.created_at <= ai.created_at
+    assert user.created_at == ai.created_at  # one clock read: when the turn began
     # What the model saw is the turn so far, without the answer.
     assert model.requests[0].messages == [UserMessage("Hi")]
 
 
 def test_a_new_system_message_is_stamped_before_the_user_message_it_precedes() -> None:
     model = ScriptedChatModel("4")
-    bot = _build(model, general=False, max_messages=10)
+    bot = _build(model, max_messages=10)
     assert bot.count("alice", "four things", mode="terse") == 4
     system, user, ai = bot.get_chat_memory("alice").messages()
     assert isinstance(system, SystemMessage)
@@ -174,7 +315,7 @@ def test_a_new_system_message_is_stamped_before_the_user_message_it_precedes() -
 def test_a_tool_request_without_tools_is_answered_with_an_error_then_the_turn_goes_on() -> None:
     request = ToolExecutionRequest("c1", "lookup", '{"order": "42"}')
     model = ScriptedChatModel(AiMessage(tool_execution_requests=[request]), "Sorry, no tools.")
-    bot = _build(model, general=False, max_messages=10)
+    bot = _build(model, max_messages=10)
     assert bot.chat("alice", "Where is my order?") == "Sorry, no tools."
     kinds = [type(m).__name__ for m in bot.get_chat_memory("alice").messages()]
     assert kinds == ["UserMessage", "AiMessage", "ToolExecutionResultMessage", "AiMessage"]
@@ -278,7 +419,7 @@ def test_plain_turns_read_once_and_write_once_and_a_failed_one_writes_nothing() 
     store = CountingStore()
     model = ScriptedChatModel(
         "hello",
-        "not a number",  # the count below is handed over to the general loop, then parses
+        "not a number",  # the count below is asked again, then parses
         "3",
         RuntimeError("provider down"),
         default="fine",
@@ -288,7 +429,6 @@ def test_plain_turns_read_once_and_write_once_and_a_failed_one_writes_nothing() 
         model=model,
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4, store=store),
     )
-    assert _is_plain(bot)
     bot.chat("u", "hi")
     assert (store.reads, store.writes) == (1, 1)
     assert bot.count("u", "three things", mode="terse") == 3

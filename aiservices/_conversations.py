@@ -1,0 +1,180 @@
+"""A service's conversations: the memory of each id, cached, with the lock that serialises
+its turns.
+
+Ids are keyed as the stores key them (``store_key``), so ``1``, ``True``, ``1.0`` and
+``"1"`` are four conversations here as in every store. The provider is called once per id
+however many first calls arrive together; a provider that gives ``None`` is a
+``TypeError`` before any turn runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from ._locks import TurnLock
+from .memory import ChatMemory
+from .memory._base import ChatMemoryProvider
+from .stores._base import store_key
+
+__all__ = ["Conversation", "Conversations", "key_of"]
+
+
+def key_of(memory_id: Hashable) -> str:
+    """The key of ``memory_id`` in the cache; a ``TypeError`` names an unhashable id."""
+    if type(memory_id) is str:
+        return store_key(memory_id)
+    hash(memory_id)  # the stores' key would accept a list; a conversation id must not
+    return store_key(memory_id)
+
+
+class Conversation:
+    """A memory with the lock its turns hold.
+
+    ``retired`` is set, with the lock held, when the cache drops the conversation: a caller
+    that looked it up just before then finds the flag once it holds the lock, and looks the
+    id up again instead of running beside the conversation's successor.
+    """
+
+    __slots__ = ("blocking", "lock", "memory", "observe", "retired")
+
+    def __init__(self, memory: ChatMemory) -> None:
+        self.memory = memory
+        self.lock = TurnLock()
+        self.retired = False
+        # Async calls use a memory that does no I/O (`is_blocking = False`) directly.
+        self.blocking = getattr(memory, "is_blocking", True) is not False
+        # A memory that counts tokens may calibrate its estimate with the provider's count.
+        self.observe: Callable[..., None] | None = getattr(memory, "observe_usage", None)
+
+
+class _Making:
+    """A conversation whose memory the provider is making; later callers wait for it."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class Conversations:
+    """The cached conversations of one service, least recently used first."""
+
+    __slots__ = ("_lock", "_making", "_provider", "_size", "_table")
+
+    def __init__(self, provider: ChatMemoryProvider | None, size: int) -> None:
+        self._provider = provider
+        self._size = size
+        self._table: OrderedDict[str, Conversation] = OrderedDict()
+        self._making: dict[str, _Making] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def has_provider(self) -> bool:
+        """Whether the service has a ``chat_memory_provider`` to make conversations."""
+        return self._provider is not None
+
+    def get(self, memory_id: Hashable, key: str) -> Conversation:
+        """The conversation of ``memory_id`` (``key`` is ``key_of(memory_id)``), made on a miss."""
+        table = self._table
+        entry = table.get(key)
+        if entry is not None:
+            # Atomic under the GIL, as is the lookup: a hit takes no lock. (A `with
+            # suppress(...)` would cost more than the rest of the lookup.)
+            try:  # noqa: SIM105
+                table.move_to_end(key)
+            except KeyError:  # dropped meanwhile: the caller finds it retired
+                pass
+            return entry
+        return self._make(memory_id, key)
+
+    def find(self, key: str) -> Conversation | None:
+        """The cached conversation of ``key``, or ``None``; never calls the provider."""
+        return self._table.get(key)
+
+    def _make(self, memory_id: Hashable, key: str) -> Conversation:
+        provider = self._provider
+        assert provider is not None
+        while True:
+            with self._lock:
+                entry = self._table.get(key)
+                if entry is not None:
+                    return entry
+                making = self._making.get(key)
+                mine = making is None
+                if mine:
+                    making = self._making[key] = _Making()
+            assert making is not None
+            if mine:
+                break
+            making.done.wait()
+        try:
+            memory: Any = provider(memory_id)
+            if memory is None:
+                raise TypeError(
+                    f"chat_memory_provider returned None for the memory id {memory_id!r}; "
+                    "it must return a ChatMemory, such as MessageWindowChatMemory(20, "
+                    "id=memory_id)"
+                )
+            entry = Conversation(memory)
+            with self._lock:
+                self._table[key] = entry
+                self._trim()
+            return entry
+        finally:
+            with self._lock:
+                del self._making[key]
+            making.done.set()
+
+    def _trim(self) -> None:
+        table = self._table
+        excess = len(table) - self._size
+        if excess <= 0:
+            return
+        # Least recently used first; a conversation in use (its lock held or awaited) stays,
+        # and so does the newest, which its caller is about to take.
+        for key, entry in list(table.items())[:-1]:
+            if _retire(table, key, entry):
+                excess -= 1
+                if not excess:
+                    return
+
+    def evict(self, key: str) -> None:
+        """Drop the cached conversation of ``key`` unless a turn holds it."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is not None:
+                _retire(self._table, key, entry)
+
+    def hold(self, entry: Conversation, memory_id: Hashable, key: str | None) -> Conversation:
+        """Take ``entry``'s turn lock, following the id to a new entry if it was retired."""
+        while True:
+            entry.lock.acquire()
+            if not entry.retired:
+                return entry
+            entry.lock.release()
+            assert key is not None  # a service's own memory (chat_memory=) is never retired
+            entry = self.get(memory_id, key)
+
+    async def ahold(
+        self, entry: Conversation, memory_id: Hashable, key: str | None
+    ) -> Conversation:
+        """:meth:`hold` for a task: waits without blocking the event loop."""
+        while True:
+            await entry.lock.aacquire()
+            if not entry.retired:
+                return entry
+            entry.lock.release()
+            assert key is not None
+            entry = self.get(memory_id, key)
+
+
+def _retire(table: OrderedDict[str, Conversation], key: str, entry: Conversation) -> bool:
+    if not entry.lock.try_acquire():
+        return False
+    entry.retired = True
+    del table[key]
+    entry.lock.release()
+    return True

@@ -1,0 +1,410 @@
+"""One turn of a service call, written once: memory -> render -> model -> tools -> parse -> commit.
+
+:func:`bind` turns a call's arguments into a :class:`Call`. :func:`turn` is the whole turn
+as a generator that does no I/O: it yields each operation it needs (``READ`` the memory,
+ask the ``MODEL``, run ``TOOLS``, ``COMMIT`` the turn) to a driver in ``_runner`` and is
+sent the outcome. Every rule lives here: opening the turn, where the system message goes,
+stamping, tool rounds and their limit, direct-return tools, parse-and-retry, what is
+recorded and in which order, and the call's result. A driver only performs the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Generator, Hashable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+from pydantic_core import to_json
+
+from ._conversations import Conversation, Conversations, key_of
+from ._hooks import Hooks, emit, logger
+from ._result import Result
+from ._templates import render_value
+from ._toolbox import Toolbox
+from .errors import OutputParseError, ToolLimitError
+from .messages import (
+    AiMessage,
+    ChatMessage,
+    SystemMessage,
+    ToolExecutionRequest,
+    ToolExecutionResultMessage,
+    UserMessage,
+    new_message_id,
+    unchecked_message,
+)
+from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, ResponseFormat
+from .observability import CallInfo
+
+if TYPE_CHECKING:
+    from ._plan import MethodPlan
+    from .models import TokenUsage
+    from .tools import ToolExecution
+
+__all__ = [
+    "COMMIT",
+    "MODEL",
+    "READ",
+    "TOOLS",
+    "Call",
+    "ServiceState",
+    "Turn",
+    "bind",
+    "failed",
+    "turn",
+]
+
+DEFAULT_MEMORY_ID: Final = "default"
+
+# The operations a turn yields, each with its argument; the driver sends back the outcome.
+READ: Final = 0  # None -> the memory's messages
+MODEL: Final = 1  # ChatRequest -> ChatResponse
+TOOLS: Final = 2  # (Toolbox, requests, memory id) -> list[ToolExecution]
+COMMIT: Final = 3  # (messages to record, last request, last response) -> None
+
+Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
+
+_now = datetime.now
+
+
+@dataclass(slots=True)
+class ServiceState:
+    """What every call of one service shares."""
+
+    model: ChatModel | None
+    model_spec: str | None
+    conversations: Conversations
+    single: Conversation | None
+    toolbox: Toolbox
+    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None
+    tool_error_handler: Callable[..., str] | None
+    system_message_provider: Callable[[Hashable], str | None] | None
+    max_tool_invocations: int
+    max_output_retries: int
+    parameters: ChatRequestParameters
+    hooks: Hooks | None = None
+    model_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def chat_model(self) -> ChatModel:
+        """The model, resolved from its ``"provider:name"`` spec at first use."""
+        model = self.model
+        if model is None:
+            from .models._registry import resolve_model
+
+            with self.model_lock:
+                if self.model is None:
+                    assert self.model_spec is not None
+                    self.model = resolve_model(self.model_spec)
+                model = self.model
+        return model
+
+    def toolbox_for(self, memory_id: Hashable, user: UserMessage) -> Toolbox:
+        """The service's tools, with those the tool provider adds for this call."""
+        provider = self.tool_provider
+        if provider is None:
+            return self.toolbox
+        extra = list(provider(memory_id, user))
+        if not extra:
+            return self.toolbox
+        dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
+        return self.toolbox.merge(dynamic) if self.toolbox else dynamic
+
+
+@dataclass(slots=True)
+class Call:
+    """One call's bound inputs, before any I/O.
+
+    ``conversation`` is ``None`` for a stateless call; ``key`` is the memory id's cache key.
+    """
+
+    plan: MethodPlan
+    memory_id: Hashable | None
+    key: str | None
+    conversation: Conversation | None
+    system_text: str | None
+    user_text: str
+    user_name: str | None
+    info: CallInfo | None = None
+
+
+def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
+    """Resolve the conversation and render the prompts: all a call does before its turn."""
+    memory_id: Hashable | None = None
+    key: str | None = None
+    conversation: Conversation | None = None
+    index = plan.memory_id_index
+    if index is not None:
+        memory_id = args[index]
+        if memory_id is None:
+            if not plan.memory_id_optional:
+                raise ValueError(
+                    f"{plan.qualname}({plan.parameters[index]}): the memory id is None; pass "
+                    "an id, or declare the parameter optional (`str | None`) to start a new "
+                    "conversation"
+                )
+            memory_id = str(uuid.uuid4())
+        try:
+            key = key_of(memory_id)
+        except TypeError:
+            raise TypeError(
+                f"{plan.qualname}({plan.parameters[index]}): the memory id {memory_id!r} is "
+                f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"
+            ) from None
+        conversation = state.conversations.get(memory_id, key)
+    elif state.single is not None:
+        conversation = state.single
+        memory_id = conversation.memory.id
+    elif state.conversations.has_provider:
+        memory_id = key = DEFAULT_MEMORY_ID
+        conversation = state.conversations.get(memory_id, key)
+
+    system_template, user_template = plan.system_template, plan.user_template
+    values = (
+        {name: args[i] for name, i in plan.variables}
+        if system_template is not None or user_template is not None
+        else {}
+    )
+    system: str | None = None
+    if system_template is not None:
+        system = system_template.render(values)
+    elif state.system_message_provider is not None:
+        system = state.system_message_provider(memory_id)
+    if user_template is not None:
+        text = user_template.render(values)
+    else:
+        assert plan.user_message_index is not None
+        value = args[plan.user_message_index]
+        text = value if type(value) is str else render_value(value)
+    name = args[plan.user_name_index] if plan.user_name_index is not None else None
+    return Call(plan, memory_id, key, conversation, system, text, name)
+
+
+def turn(state: ServiceState, call: Call) -> Turn:
+    """The call's turn: yields ``(operation, argument)`` pairs and returns the answer.
+
+    A turn with a conversation reads the memory first and commits last, once, what it
+    records: the system message when new or changed, the user message, each model round's
+    ``AiMessage`` with its tool results, and the final answer. Every recorded message
+    carries a new message id, the turn's id and the time the turn began (one clock read).
+    A stateless turn stamps only the answer it returns as a message.
+    """
+    plan = call.plan
+    output = plan.output
+    hooks = state.hooks
+    keep = call.conversation is not None
+    # A stateless call stamps only the answer it hands to its caller (AiMessage, Result).
+    answer_stamp = (
+        _Stamp(new_message_id(), _now(UTC))
+        if keep or output.returns_ai_message or plan.wraps_result
+        else None
+    )
+    stamp = answer_stamp if keep else None
+    info: CallInfo | None = None
+    if hooks is not None:
+        turn_id = new_message_id() if answer_stamp is None else answer_stamp.turn_id
+        info = call.info = CallInfo(
+            plan.qualname, call.memory_id, turn_id, getattr(state.model, "model_name", None)
+        )
+        emit(hooks.on_call_start, info)
+    history: list[ChatMessage] = (yield READ, None) if keep else []
+
+    # The model sees the system message first, wherever the memory keeps it; a new or
+    # changed one replaces the old one and is recorded before the user message.
+    system_text = call.system_text
+    recorded: list[ChatMessage] = []
+    window = history
+    if system_text is not None or SystemMessage in map(type, history):
+        kinds = list(map(type, history))
+        position = kinds.index(SystemMessage) if SystemMessage in kinds else -1
+        if position < 0:
+            current, rest = None, history
+        else:
+            current, rest = history[position], [*history[:position], *history[position + 1 :]]
+        if current is not None and (system_text is None or current.text == system_text):
+            window = [current, *rest]
+        else:
+            system = _message(SystemMessage, {"type": "system", "text": system_text}, stamp)
+            recorded.append(system)
+            window = [system, *rest]
+    user: UserMessage = _message(
+        UserMessage,
+        {"type": "user", "text": call.user_text, "name": call.user_name},
+        stamp,
+    )
+    recorded.append(user)
+    messages = [*window, user]  # the turn so far; a list is never changed once sent
+
+    toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
+    specifications = toolbox.specifications
+    response_format = output.response_format
+    parameters = state.parameters
+    usage: TokenUsage | None = None
+    executions: list[ToolExecution] = []
+    tool_rounds = 0
+    retries = 0
+    sent = messages
+    while True:
+        request = ChatRequest(sent, specifications, response_format, parameters)
+        if info is not None:
+            emit(hooks.on_request, info, request)  # type: ignore[union-attr]
+        response: ChatResponse = yield MODEL, request
+        if info is not None:
+            emit(hooks.on_response, info, request, response)  # type: ignore[union-attr]
+        if response.token_usage is not None:
+            usage = response.token_usage if usage is None else usage + response.token_usage
+        answer = response.ai_message
+        requests: list[ToolExecutionRequest] = answer.tool_execution_requests
+        if requests:
+            if tool_rounds >= state.max_tool_invocations:
+                raise ToolLimitError(
+                    f"{plan.qualname}: the model asked for tools again after "
+                    f"{tool_rounds} tool round(s); max_tool_invocations="
+                    f"{state.max_tool_invocations}. Raise the limit or check the tools' answers",
+                    limit=state.max_tool_invocations,
+                )
+            tool_rounds += 1
+            ai = _answer(answer, stamp)
+            if info is not None:
+                for tool_request in requests:
+                    emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
+            results: list[ToolExecution] = yield TOOLS, (toolbox, requests, call.memory_id)
+            if info is not None:
+                for execution in results:
+                    emit(hooks.on_tool_end, info, execution)  # type: ignore[union-attr]
+            round_messages: list[ChatMessage] = [ai]
+            for execution in results:
+                round_messages.append(
+                    _message(
+                        ToolExecutionResultMessage,
+                        {
+                            "type": "tool_result",
+                            "id": execution.request.id,
+                            "tool_name": execution.request.name,
+                            "text": execution.result,
+                        },
+                        stamp,
+                    )
+                )
+            messages = sent = messages + round_messages
+            recorded += round_messages
+            executions += results
+            if results and all(e.return_direct for e in results):
+                value = _direct_value(plan, results)
+                if keep:
+                    yield COMMIT, (recorded, request, response)
+                return _finish(state, call, value, usage, response, executions, None, tool_rounds)
+            continue
+        if output.returns_ai_message:
+            value = ai = _answer(answer, answer_stamp)
+        else:
+            try:
+                value = output.parse(answer.text)
+            except ValueError as error:
+                if retries >= state.max_output_retries:
+                    raise OutputParseError(
+                        f"{plan.qualname}: the answer could not be parsed as "
+                        f"{_type_name(output.annotation)} after {retries + 1} attempt(s): {error}",
+                        raw_text=answer.text,
+                        attempts=retries + 1,
+                    ) from error
+                retries += 1
+                # Asked again with the error; neither the answer nor the error is recorded.
+                sent = [*messages, answer, _feedback(error, response_format)]
+                continue
+            ai = _answer(answer, answer_stamp)
+        recorded.append(ai)
+        if keep:
+            yield COMMIT, (recorded, request, response)
+        return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
+
+
+class _Stamp:
+    """A recorded turn's metadata: its id and the time it began."""
+
+    __slots__ = ("at", "turn_id")
+
+    def __init__(self, turn_id: str, at: datetime) -> None:
+        self.turn_id = turn_id
+        self.at = at
+
+
+def _message(cls: type[Any], values: dict[str, Any], stamp: _Stamp | None) -> Any:
+    if stamp is None:
+        values["message_id"] = values["turn_id"] = values["created_at"] = None
+    else:
+        values["message_id"] = new_message_id()
+        values["turn_id"] = stamp.turn_id
+        values["created_at"] = stamp.at
+    return unchecked_message(cls, values)
+
+
+def _answer(answer: AiMessage, stamp: _Stamp | None) -> AiMessage:
+    """The model's answer as the turn records it: the model's object itself when stateless."""
+    if stamp is None:
+        return answer
+    return _message(AiMessage, dict(answer.__dict__), stamp)  # type: ignore[no-any-return]
+
+
+def _feedback(error: ValueError, response_format: ResponseFormat | None) -> UserMessage:
+    # Models without native structured output learn the expected shape from this message.
+    if response_format is None:
+        return UserMessage(str(error))
+    return UserMessage(f"{error}\nThe JSON schema: {to_json(response_format.schema).decode()}")
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or repr(annotation)
+
+
+def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
+    if plan.output.returns_ai_message:
+        return AiMessage("\n".join(r.result for r in results))
+    if len(results) == 1 and plan.output.response_format is not None:
+        return plan.output.parse(results[0].result)
+    return plan.output.parse("\n".join(r.result for r in results))
+
+
+def _finish(  # noqa: PLR0917 - private, called from the turn's two ends
+    state: ServiceState,
+    call: Call,
+    value: Any,
+    usage: TokenUsage | None,
+    response: ChatResponse,
+    executions: list[ToolExecution],
+    ai: AiMessage | None,
+    tool_rounds: int,
+) -> Any:
+    plan = call.plan
+    info = call.info
+    result: Result[Any] | None = None
+    if plan.wraps_result or info is not None:
+        result = Result(value, usage, response.finish_reason, tuple(executions), call.memory_id, ai)
+        if info is not None and state.hooks is not None:
+            emit(state.hooks.on_call_end, info, result)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s memory_id=%r tool_rounds=%d tool_executions=%d token_usage=%s finish=%s",
+            plan.qualname,
+            call.memory_id,
+            tool_rounds,
+            len(executions),
+            usage,
+            response.finish_reason,
+        )
+    return result if plan.wraps_result else value
+
+
+def failed(state: ServiceState, call: Call, error: BaseException) -> None:
+    """Report a call that raised to the listeners and the debug log."""
+    if call.info is not None and state.hooks is not None:
+        emit(state.hooks.on_error, call.info, error)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "%s memory_id=%r failed: %s",
+            call.plan.qualname,
+            call.memory_id,
+            type(error).__name__,
+        )
