@@ -30,8 +30,8 @@ from .tools import (
     ToolExecutionError,
     ToolRaisedError,
     UnknownToolError,
-    _tool_options,
-    _ToolOptions,
+    tool_options,
+    ToolOptions,
     valid_tool_name,
 )
 
@@ -53,7 +53,7 @@ class _ToolPlan:
     is_async: bool
     return_direct: bool
     none_text: str
-    options: _ToolOptions | None
+    options: ToolOptions | None
     skip_first: bool
     where: str
 
@@ -76,7 +76,7 @@ _class_tools: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKey
 
 
 def _plan(function: Callable[..., Any], *, skip_first: bool) -> _ToolPlan:
-    options = _tool_options(function)
+    options = tool_options(function)
     try:
         plan = _plans.get(function)
     except TypeError:
@@ -90,7 +90,7 @@ def _plan(function: Callable[..., Any], *, skip_first: bool) -> _ToolPlan:
 
 
 def _analyse(
-    function: Callable[..., Any], options: _ToolOptions | None, *, skip_first: bool
+    function: Callable[..., Any], options: ToolOptions | None, *, skip_first: bool
 ) -> _ToolPlan:
     where = _where(function)
     problems: list[str] = []
@@ -167,7 +167,7 @@ def _tool_method_names(cls: type) -> tuple[str, ...]:
         names = tuple(
             name
             for name, member in members.items()
-            if _tool_options(
+            if tool_options(
                 member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
             )
             is not None
@@ -182,7 +182,7 @@ def _is_function(item: object) -> TypeGuard[Callable[..., Any]]:
         or inspect.ismethod(item)
         or inspect.isbuiltin(item)
         or isinstance(item, functools.partial)
-        or (callable(item) and _tool_options(item) is not None)
+        or (callable(item) and tool_options(item) is not None)
     )
 
 

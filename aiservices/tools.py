@@ -46,7 +46,7 @@ def valid_tool_name(name: str) -> bool:
     return 0 < len(name) <= 64 and _TOOL_NAME_CHARS.issuperset(name)
 
 
-class _ToolOptions:
+class ToolOptions:
     """What ``@tool(...)`` said about a function; ``None`` means "from the function"."""
 
     # A plain class rather than a dataclass: it is made when `tool` is first imported, and a
@@ -61,7 +61,7 @@ class _ToolOptions:
         self.return_direct = return_direct
 
 
-_DEFAULT_OPTIONS: Final = _ToolOptions()
+_DEFAULT_OPTIONS: Final = ToolOptions()
 
 
 @overload
@@ -100,7 +100,7 @@ def tool(
     options = (
         _DEFAULT_OPTIONS
         if name is None and description is None and not return_direct
-        else _ToolOptions(name, description, return_direct)
+        else ToolOptions(name, description, return_direct)
     )
 
     def mark(target: _F) -> _F:
@@ -110,7 +110,7 @@ def tool(
     return mark if fn is None else mark(fn)
 
 
-def _mark(target: object, options: _ToolOptions) -> None:
+def _mark(target: object, options: ToolOptions) -> None:
     if isinstance(target, (staticmethod, classmethod)):
         function: object = target.__func__
     elif isinstance(target, type):
@@ -135,10 +135,10 @@ def _mark(target: object, options: _ToolOptions) -> None:
         ) from None
 
 
-def _tool_options(target: object) -> _ToolOptions | None:
+def tool_options(target: object) -> ToolOptions | None:
     """The options ``@tool`` set on ``target`` (a function, or a method's function)."""
     options = getattr(target, _TOOL_ATTRIBUTE, None)
-    return options if isinstance(options, _ToolOptions) else None
+    return options if isinstance(options, ToolOptions) else None
 
 
 ToolErrorKind: TypeAlias = Literal["arguments", "unknown_tool", "raised"]

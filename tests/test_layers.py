@@ -26,12 +26,48 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _imported(node: ast.Import | ast.ImportFrom, package: str) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if node.level:
+        base = package.split(".")
+        base = base[: len(base) - node.level + 1]
+        name = ".".join([*base, node.module] if node.module else base)
+    else:
+        name = node.module or ""
+    return {name, *(f"{name}.{alias.name}" for alias in node.names)}
+
+
+def _package(path: Path) -> str:
+    return module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+
+
+def _type_checking_blocks(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` (never imported at run time)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for statement in node.body:
+                inside.update(id(n) for n in ast.walk(statement))
+    return inside
+
+
+def all_imports(path: Path) -> set[str]:
+    """Modules ``path`` imports at run time: at the top and inside function bodies."""
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_blocks(tree)
+    package = _package(path)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped:
+            found |= _imported(node, package)
+    return found
+
+
 def top_level_imports(path: Path) -> set[str]:
     """Modules imported when ``path`` is imported (not those imported inside functions)."""
     tree = ast.parse(path.read_text())
-    package = (
-        module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    )
+    package = _package(path)
     found: set[str] = set()
     nodes: list[ast.stmt] = list(tree.body)
     while nodes:
@@ -41,25 +77,14 @@ def top_level_imports(path: Path) -> set[str]:
         if isinstance(node, (ast.If, ast.Try)):
             nodes.extend(node.body + node.orelse)
             continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join([*base, node.module] if node.module else base)
-            else:
-                name = node.module or ""
-            found.add(name)
-            for alias in node.names:
-                found.add(f"{name}.{alias.name}")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= _imported(node, package)
     return found
 
 
 def sources() -> dict[str, set[str]]:
-    return {
-        str(path.relative_to(PACKAGE)): top_level_imports(path) for path in PACKAGE.rglob("*.py")
-    }
+    """Each module's run-time imports, including those inside function bodies."""
+    return {str(path.relative_to(PACKAGE)): all_imports(path) for path in PACKAGE.rglob("*.py")}
 
 
 def roots(imports: set[str]) -> set[str]:
@@ -99,5 +124,67 @@ def test_memory_stores_and_models_do_not_import_each_other() -> None:
                 for i in imports
                 if any(i.startswith(f"aiservices.{o}") for o in others)
                 and not any(i.startswith(f"aiservices.{o}._base") for o in others)
+                # A memory given no store makes the default one (design: in-memory).
+                and not (top == "memory" and i.startswith("aiservices.stores.in_memory"))
             }
             assert not bad, (relative, bad)
+
+
+def _modules() -> dict[str, Path]:
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def test_no_module_imports_another_modules_underscore_names() -> None:
+    modules = _modules()
+    bad: list[str] = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _imported(node, _package(path))
+            target = min(source, key=len)
+            for alias in node.names:
+                # A private module's own names need no underscore; a private name of any
+                # module is its own business.
+                if alias.name.startswith("_") and f"{target}.{alias.name}" not in modules:
+                    bad.append(f"{module_name(path)}: {alias.name} from {target}")
+    assert not bad, bad
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    """Counting imports inside functions too: a cycle hidden in a function is a cycle."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in all_imports(path):
+            # `from . import x` names a module or a name in a package: keep the modules.
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(f"{imported}."):
+                targets.add(imported)
+        graph[name] = targets
+    # A package's __init__ re-exports its modules: an edge into a package stands for the
+    # module it re-exports, so package nodes are left out of the walk.
+    packages = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> bool:
+        state[node] = 1
+        for target in sorted(graph.get(node, ())):
+            if target in packages:
+                continue
+            if state.get(target) == 1:
+                cycle.extend([*path[path.index(target) :], target])
+                return True
+            if target not in state and visit(target, [*path, target]):
+                return True
+        state[node] = 2
+        return False
+
+    for node in sorted(graph):
+        if node not in packages and node not in state and visit(node, [node]):
+            break
+    assert not cycle, " -> ".join(cycle)

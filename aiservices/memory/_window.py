@@ -49,7 +49,7 @@ class ReportedUsage(Protocol):
     def input_tokens(self) -> int | None: ...
 
 
-class _Async(enum.Enum):
+class AsyncMode(enum.Enum):
     DIRECT = "direct"  # the store does no I/O: call the sync methods
     NATIVE = "native"  # the store has async methods
     THREAD = "thread"  # run the sync methods in a worker thread
@@ -78,7 +78,7 @@ def check_limit(value: object, name: str, *, source: str | None = None) -> int:
     return number
 
 
-class _State:
+class WindowState:
     """What the memory knows of the stored conversation since its last read or write."""
 
     __slots__ = (
@@ -119,12 +119,12 @@ class _State:
         return out
 
 
-def _key(message: ChatMessage) -> object:
+def message_key(message: ChatMessage) -> object:
     mid = message.message_id
     return message if mid is None else mid
 
 
-class _Write:
+class StoreWrite:
     __slots__ = ("appended", "full", "removed")
 
     def __init__(
@@ -142,7 +142,7 @@ class WindowChatMemory:
     """Base of the window memories: keeps the newest messages whose cost fits the limit."""
 
     _limit_name: str = "limit"
-    _state_type: type[_State] = _State
+    _state_type: type[WindowState] = WindowState
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class WindowChatMemory:
         self._keep_system_first = bool(always_keep_system_message_first)
         self._whole_turns = bool(evict_whole_turns)
         self._lock = threading.Lock()
-        self._state: _State | None = None
+        self._state: WindowState | None = None
         self._calibrate = bool(calibrate)
         self._base_limit = self._fixed_limit
         self._factor = 1.0  # provider tokens per estimated token
@@ -216,7 +216,7 @@ class WindowChatMemory:
     @property
     def is_blocking(self) -> bool:
         """Whether the store does I/O; when not, async callers use the sync methods."""
-        return self._async is not _Async.DIRECT
+        return self._async is not AsyncMode.DIRECT
 
     def messages(self) -> list[ChatMessage]:
         """The messages in the window, oldest first; reads the store once.
@@ -267,7 +267,7 @@ class WindowChatMemory:
                         self._state = None
                         raise
                     return
-            _check_messages(messages, "add")
+            check_messages(messages, "add")
             if state is None:
                 state = self._state = self._build(self._get(self._id), limit, from_store=True)
                 write = self._stage(messages, state, limit)
@@ -289,7 +289,7 @@ class WindowChatMemory:
     def set(self, messages: Iterable[ChatMessage]) -> None:
         """Replace the conversation with ``messages``, under the window's rules."""
         given = list(messages)
-        _check_messages(given, "set")
+        check_messages(given, "set")
         with self._lock:
             limit = self._read_limit()
             state = self._build(given, limit, from_store=False)
@@ -316,11 +316,11 @@ class WindowChatMemory:
         """:meth:`messages` for async callers."""
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self.messages()
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self.messages)
-        await _acquire(self._lock)
+        await acquire_polling(self._lock)
         try:
             limit = self._read_limit()
             stored = await self._store.aget_messages(self._id)  # type: ignore[attr-defined]
@@ -333,15 +333,15 @@ class WindowChatMemory:
         """:meth:`add` for async callers."""
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self.add(*messages)
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self.add, *messages)
         if not messages:
             return None
-        _check_messages(messages, "add")
+        check_messages(messages, "add")
         store: Any = self._store
-        await _acquire(self._lock)
+        await acquire_polling(self._lock)
         try:
             limit = self._read_limit()
             if self._state is None:
@@ -367,13 +367,13 @@ class WindowChatMemory:
         """:meth:`set` for async callers."""
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self.set(messages)
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self.set, list(messages))
         given = list(messages)
-        _check_messages(given, "set")
-        await _acquire(self._lock)
+        check_messages(given, "set")
+        await acquire_polling(self._lock)
         try:
             limit = self._read_limit()
             state = self._build(given, limit, from_store=False)
@@ -393,11 +393,11 @@ class WindowChatMemory:
         """:meth:`clear` for async callers."""
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self.clear()
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self.clear)
-        await _acquire(self._lock)
+        await acquire_polling(self._lock)
         try:
             try:
                 await self._store.adelete_messages(self._id)  # type: ignore[attr-defined]
@@ -445,7 +445,7 @@ class WindowChatMemory:
             known, gone = state.known, self._gone or {}
             estimate = 0
             for m in messages:
-                key = _key(m)
+                key = message_key(m)
                 cost = known.get(key)
                 if cost is None:
                     cost = gone.get(key)
@@ -466,7 +466,7 @@ class WindowChatMemory:
         finally:
             self._lock.release()
 
-    def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> _State:
+    def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> WindowState:
         """The state for what the store holds: the current one when nothing has changed."""
         state = self._state
         if (
@@ -474,12 +474,14 @@ class WindowChatMemory:
             and state.limit == limit
             and not state.pending
             and not state.rewrite
-            and _holds(state, stored)
+            and holds(state, stored)
         ):
             return state
         return self._build(stored, limit, from_store=True)
 
-    def _build(self, messages: Sequence[ChatMessage], limit: int, *, from_store: bool) -> _State:
+    def _build(
+        self, messages: Sequence[ChatMessage], limit: int, *, from_store: bool
+    ) -> WindowState:
         """A state for ``messages`` under the rules; from the store, or given to :meth:`set`.
 
         Nothing of the current state changes until it is swapped in, so an estimator or
@@ -504,7 +506,7 @@ class WindowChatMemory:
                 mid = m.message_id
                 if mid is None or mid in known:
                     m = m.with_metadata(message_id=new_message_id())
-            key = _key(m)
+            key = message_key(m)
             cost = known_before.get(key)
             if cost is None:
                 cost = known.get(key)
@@ -542,21 +544,23 @@ class WindowChatMemory:
                     state.pending.append(m.message_id)
         else:
             for m in dropped:
-                known.pop(_key(m), None)
+                known.pop(message_key(m), None)
         return state
 
-    def _stage(self, messages: Sequence[ChatMessage], state: _State, limit: int) -> _Write | None:
+    def _stage(
+        self, messages: Sequence[ChatMessage], state: WindowState, limit: int
+    ) -> StoreWrite | None:
         """Apply an add to ``state`` and return the store write it needs (``None``: none)."""
         if self._plain_adds and not state.pending and not state.rewrite:
             plain = self._stage_plain(messages, state, limit)
             if plain is not None:
-                return _Write(None, plain[0], plain[1])
+                return StoreWrite(None, plain[0], plain[1])
         return self._stage_any(messages, state, limit)
 
     def _stage_plain(
         self,
         messages: Sequence[ChatMessage],
-        state: _State,
+        state: WindowState,
         limit: int,
     ) -> tuple[list[ChatMessage], list[str]] | None:
         """The common add, fast: user and AI messages without tools, each with a new id,
@@ -627,8 +631,8 @@ class WindowChatMemory:
         return list(messages), removed
 
     def _stage_any(
-        self, messages: Sequence[ChatMessage], state: _State, limit: int
-    ) -> _Write | None:
+        self, messages: Sequence[ChatMessage], state: WindowState, limit: int
+    ) -> StoreWrite | None:
         """Apply any add to ``state``: system messages, tool exchanges, reused ids."""
         # First decide and count, changing nothing: an estimator that raises leaves the
         # state as it was.
@@ -694,7 +698,7 @@ class WindowChatMemory:
                     costs.append(cost)
                     state.total += cost
             if system is not None:
-                known.pop(_key(system), None)
+                known.pop(message_key(system), None)
                 if system.message_id is None:
                     rewrite = True
                 else:
@@ -726,15 +730,15 @@ class WindowChatMemory:
                 else:
                     removed.append(mid)
         if rewrite or self._apply is None:
-            return _Write(state.snapshot(), [], [])
+            return StoreWrite(state.snapshot(), [], [])
         if batch_evicted:
             gone = {id(m) for m in evicted}
             kept = [m for m in kept if id(m) not in gone]
         if not kept and not removed:
             return None
-        return _Write(None, kept, removed)
+        return StoreWrite(None, kept, removed)
 
-    def _trim_keeping_costs(self, state: _State, limit: int) -> list[ChatMessage]:
+    def _trim_keeping_costs(self, state: WindowState, limit: int) -> list[ChatMessage]:
         """:meth:`_trim`, keeping the evicted messages' costs for :meth:`_observe_usage`."""
         evicted = type(self)._trim(self, state, limit)
         gone = self._gone
@@ -742,13 +746,13 @@ class WindowChatMemory:
             gone.clear()
             known = state.known
             for m in evicted:
-                key = _key(m)
+                key = message_key(m)
                 cost = known.get(key)
                 if cost is not None:
                     gone[key] = cost
         return evicted
 
-    def _trim(self, state: _State, limit: int) -> list[ChatMessage]:
+    def _trim(self, state: WindowState, limit: int) -> list[ChatMessage]:
         """Evict whole units from the front until the window fits; return what was evicted."""
         state.limit = limit
         evicted: list[ChatMessage] = []
@@ -769,7 +773,7 @@ class WindowChatMemory:
             # Tool results further on lost their request: drop them, then count again.
             evicted += _drop_orphans(state)
 
-    def _front(self, state: _State, over: int, limit: int) -> tuple[int, bool]:
+    def _front(self, state: WindowState, over: int, limit: int) -> tuple[int, bool]:
         """How many front messages to evict for ``over`` less, updating the tool counts;
         and whether that leaves tool results further on without their request."""
         msgs, costs = state.msgs, state.costs
@@ -794,10 +798,10 @@ class WindowChatMemory:
             asked: list[str] = []
             for m in msgs[k:j]:
                 if isinstance(m, ToolExecutionResultMessage):
-                    _decrement(answered, m.id)
+                    decrement(answered, m.id)
                 elif isinstance(m, AiMessage) and m.tool_execution_requests:
                     for r in m.tool_execution_requests:
-                        _decrement(opened, r.id)
+                        decrement(opened, r.id)
                         asked.append(r.id)
             k = j
             if asked and any(answered.get(r) and not opened.get(r) for r in asked):
@@ -813,7 +817,7 @@ class WindowChatMemory:
         )
 
 
-def _holds(state: _State, stored: Sequence[ChatMessage]) -> bool:
+def holds(state: WindowState, stored: Sequence[ChatMessage]) -> bool:
     """Whether ``stored`` is the window ``state`` holds, message for message."""
     system, msgs = state.system, state.msgs
     if system is None:
@@ -859,7 +863,7 @@ def _holds_elsewhere(
     return not pending_system
 
 
-def _decrement(counts: dict[str, int], key: str) -> int:
+def decrement(counts: dict[str, int], key: str) -> int:
     left = counts.get(key, 0) - 1
     if left > 0:
         counts[key] = left
@@ -868,7 +872,7 @@ def _decrement(counts: dict[str, int], key: str) -> int:
     return 0
 
 
-def _drop_orphans(state: _State) -> list[ChatMessage]:
+def _drop_orphans(state: WindowState) -> list[ChatMessage]:
     """Drop tool results whose request left the window (rare: results not right after it)."""
     opened, answered = state.open, state.answered
     msgs: list[ChatMessage] = []
@@ -878,7 +882,7 @@ def _drop_orphans(state: _State) -> list[ChatMessage]:
     for i, (m, cost) in enumerate(zip(state.msgs, state.costs, strict=True)):
         if isinstance(m, ToolExecutionResultMessage) and not opened.get(m.id):
             dropped.append(m)
-            _decrement(answered, m.id)
+            decrement(answered, m.id)
             state.total -= cost
             if i < state.system_pos:
                 before_system += 1
@@ -899,7 +903,7 @@ def _plain(m: ChatMessage) -> bool:
     return kind is UserMessage or (kind is AiMessage and not m.tool_execution_requests)  # type: ignore[union-attr]
 
 
-def _check_messages(messages: Sequence[object], method: str) -> None:
+def check_messages(messages: Sequence[object], method: str) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, _MESSAGE_TYPES):
             hint = " (wrap text in UserMessage(...))" if isinstance(m, str) else ""
@@ -933,18 +937,18 @@ def _default_store() -> ChatMemoryStore:
     return InMemoryChatMemoryStore()
 
 
-def _async_mode(store: object, incremental: bool) -> _Async:
+def _async_mode(store: object, incremental: bool) -> AsyncMode:
     if getattr(store, "is_blocking", True) is False:
-        return _Async.DIRECT
+        return AsyncMode.DIRECT
     needed = ["aget_messages", "aupdate_messages", "adelete_messages"]
     if incremental:
         needed.append("aapply_changes")
     if all(callable(getattr(store, name, None)) for name in needed):
-        return _Async.NATIVE
-    return _Async.THREAD
+        return AsyncMode.NATIVE
+    return AsyncMode.THREAD
 
 
-async def _acquire(lock: threading.Lock) -> None:
+async def acquire_polling(lock: threading.Lock) -> None:
     # The lock also guards sync callers in other threads, so it is a thread lock; polling
     # it keeps the event loop free while another caller holds it, and a cancelled waiter
     # leaves nothing behind (a worker thread blocked in acquire() would).

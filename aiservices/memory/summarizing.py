@@ -34,14 +34,14 @@ from ._window import (
     ReportedUsage,
     WindowChatMemory,
     WindowChatMemoryProvider,
-    _acquire,
-    _Async,
-    _check_messages,
-    _decrement,
-    _holds,
-    _key,
-    _State,
-    _Write,
+    acquire_polling,
+    AsyncMode,
+    check_messages,
+    decrement,
+    holds,
+    message_key,
+    WindowState,
+    StoreWrite,
     check_limit,
 )
 from .token_window import count_error, estimate_method
@@ -81,7 +81,7 @@ _WRITE: Final = 2
 _log = logging.getLogger("aiservices.memory")
 
 
-class _SummaryState(_State):
+class _SummaryState(WindowState):
     """A window's state with a summary, shown right after the system message."""
 
     __slots__ = ("summary", "summary_cost")
@@ -207,7 +207,7 @@ class SummarizingChatMemory(WindowChatMemory):
         """
         if not messages:
             return
-        _check_messages(messages, "add")
+        check_messages(messages, "add")
         with self._lock:
             steps = self._adding(messages)
             value: Any = None
@@ -234,8 +234,8 @@ class SummarizingChatMemory(WindowChatMemory):
         """:meth:`add` for async callers: awaits the summariser's ``achat`` when it has one."""
         if not messages:
             return
-        _check_messages(messages, "add")
-        await _acquire(self._lock)
+        check_messages(messages, "add")
+        await acquire_polling(self._lock)
         try:
             steps = self._adding(messages)
             value: Any = None
@@ -268,7 +268,7 @@ class SummarizingChatMemory(WindowChatMemory):
             return count
         raise count_error(self._estimator, message, count)
 
-    def _trim(self, state: _State, limit: int) -> list[ChatMessage]:
+    def _trim(self, state: WindowState, limit: int) -> list[ChatMessage]:
         # Nothing leaves the window without being summarised: folding is the add's job.
         state.limit = limit
         return []
@@ -289,7 +289,7 @@ class SummarizingChatMemory(WindowChatMemory):
         if summary is None:
             return cast(_SummaryState, super()._build(messages, limit, from_store=from_store))
         state = cast(_SummaryState, super()._build(others, limit, from_store=from_store))
-        key = _key(summary)
+        key = message_key(summary)
         old = self._state
         cost = old.known.get(key) if old is not None else None
         if cost is None:
@@ -301,17 +301,17 @@ class SummarizingChatMemory(WindowChatMemory):
             state.pending += extra
         return state
 
-    def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> _State:
+    def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> WindowState:
         state = cast(_SummaryState | None, self._state)
         if state is not None and state.limit == limit and not state.pending and not state.rewrite:
             summary = state.summary
             if summary is None:
-                if _holds(state, stored):
+                if holds(state, stored):
                     return state
             else:
                 sid = summary.message_id
                 others = [m for m in stored if m is not summary and m.message_id != sid]
-                if len(others) == len(stored) - 1 and _holds(state, others):
+                if len(others) == len(stored) - 1 and holds(state, others):
                     return state
         return self._build(stored, limit, from_store=True)
 
@@ -336,7 +336,7 @@ class SummarizingChatMemory(WindowChatMemory):
         if incoming is not None and (
             state.summary is None or incoming.message_id != state.summary.message_id
         ):
-            write = write or _Write(None, [], [])
+            write = write or StoreWrite(None, [], [])
             self._replace_summary(state, incoming, self._cost(incoming), write)
         if write is None:
             return
@@ -428,8 +428,8 @@ class SummarizingChatMemory(WindowChatMemory):
         )
 
     def _fold(
-        self, state: _SummaryState, k: int, summary: ChatMessage, cost: int, write: _Write
-    ) -> _Write:
+        self, state: _SummaryState, k: int, summary: ChatMessage, cost: int, write: StoreWrite
+    ) -> StoreWrite:
         """Replace ``state.msgs[:k]`` and the old summary with ``summary``; the write for it."""
         msgs, costs, known = state.msgs, state.costs, state.known
         folded = msgs[:k]
@@ -440,11 +440,11 @@ class SummarizingChatMemory(WindowChatMemory):
         whole = write.full is not None or self._apply is None
         for m in folded:
             if isinstance(m, ToolExecutionResultMessage):
-                _decrement(state.answered, m.id)
+                decrement(state.answered, m.id)
             elif isinstance(m, AiMessage):
                 for r in m.tool_execution_requests:
-                    _decrement(state.open, r.id)
-            key = _key(m)
+                    decrement(state.open, r.id)
+            key = message_key(m)
             folded_cost = known.pop(key, None)
             if gone is not None and folded_cost is not None:
                 gone[key] = folded_cost
@@ -454,16 +454,16 @@ class SummarizingChatMemory(WindowChatMemory):
                 removed.append(m.message_id)
         self._replace_summary(state, summary, cost, write)
         if whole:
-            return _Write(state.snapshot(), [], [])
+            return StoreWrite(state.snapshot(), [], [])
         write.removed = [*write.removed, *removed]
         return write
 
     def _replace_summary(
-        self, state: _SummaryState, summary: ChatMessage, cost: int, write: _Write
+        self, state: _SummaryState, summary: ChatMessage, cost: int, write: StoreWrite
     ) -> None:
         old = state.summary
         if old is not None:
-            state.known.pop(_key(old), None)
+            state.known.pop(message_key(old), None)
             if any(m is old for m in write.appended):
                 # Brought by this very add: it never reaches the store.
                 write.appended = [m for m in write.appended if m is not old]
@@ -471,7 +471,7 @@ class SummarizingChatMemory(WindowChatMemory):
                 write.removed = [*write.removed, old.message_id]
         state.summary = summary
         state.summary_cost = cost
-        state.known[_key(summary)] = cost
+        state.known[message_key(summary)] = cost
         if write.full is not None:
             write.full = state.snapshot()
         else:
@@ -479,7 +479,7 @@ class SummarizingChatMemory(WindowChatMemory):
 
     # Store I/O.
 
-    def _write(self, write: _Write) -> None:
+    def _write(self, write: StoreWrite) -> None:
         if write.full is None and self._apply is not None:
             self._apply(self._id, appended=write.appended, removed=write.removed)
         else:
@@ -488,21 +488,21 @@ class SummarizingChatMemory(WindowChatMemory):
     async def _aread(self) -> list[ChatMessage]:
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self._get(self._id)
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self._get, self._id)
         stored: list[ChatMessage] = await self._store.aget_messages(  # type: ignore[attr-defined]
             self._id
         )
         return stored
 
-    async def _awrite(self, write: _Write) -> None:
+    async def _awrite(self, write: StoreWrite) -> None:
         import asyncio
 
-        if self._async is _Async.DIRECT:
+        if self._async is AsyncMode.DIRECT:
             return self._write(write)
-        if self._async is _Async.THREAD:
+        if self._async is AsyncMode.THREAD:
             return await asyncio.to_thread(self._write, write)
         store: Any = self._store
         if write.full is None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import ClassVar
 
 from ..messages import ChatMessage
-from ._base import _TYPED, store_key
+from ._base import store_key
 from ._common import (
     appended_ids,
     check_retention,
@@ -75,11 +75,7 @@ class InMemoryChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
-        key = (
-            memory_id
-            if type(memory_id) is str and not memory_id.startswith(_TYPED)
-            else store_key(memory_id)
-        )
+        key = store_key(memory_id)
         # acquire/release rather than `with`: this runs on every call of a service.
         lock = self._lock
         lock.acquire()
@@ -111,11 +107,7 @@ class InMemoryChatMemoryStore:
         removed: Collection[str],
     ) -> None:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
-        key = (
-            memory_id
-            if type(memory_id) is str and not memory_id.startswith(_TYPED)
-            else store_key(memory_id)
-        )
+        key = store_key(memory_id)
         new_ids = appended_ids(appended)
         lock = self._lock
         lock.acquire()
