@@ -28,10 +28,10 @@ from .tools import (
     ToolErrorHandler,
     ToolExecution,
     ToolExecutionError,
+    ToolOptions,
     ToolRaisedError,
     UnknownToolError,
     tool_options,
-    ToolOptions,
     valid_tool_name,
 )
 

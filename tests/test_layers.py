@@ -160,10 +160,11 @@ def test_the_package_has_no_import_cycles() -> None:
         targets = set()
         for imported in all_imports(path):
             # `from . import x` names a module or a name in a package: keep the modules.
-            while imported and imported not in modules:
-                imported = imported.rpartition(".")[0]
-            if imported and imported != name and not name.startswith(f"{imported}."):
-                targets.add(imported)
+            module = imported
+            while module and module not in modules:
+                module = module.rpartition(".")[0]
+            if module and module != name and not name.startswith(f"{module}."):
+                targets.add(module)
         graph[name] = targets
     # A package's __init__ re-exports its modules: an edge into a package stands for the
     # module it re-exports, so package nodes are left out of the walk.

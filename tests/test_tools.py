@@ -17,8 +17,8 @@ from aiservices.tools import (
     ToolRaisedError,
     ToolSpecification,
     UnknownToolError,
-    _tool_options,
     tool,
+    tool_options,
 )
 
 
@@ -45,7 +45,7 @@ def test_bare_decorator_returns_the_function_unchanged() -> None:
 
     assert tool(add) is add
     assert add(1, b=2) == 3
-    options = _tool_options(add)
+    options = tool_options(add)
     assert options is not None
     assert (options.name, options.description, options.return_direct) == (None, None, False)
 
@@ -56,7 +56,7 @@ def test_decorator_with_options() -> None:
         return order_id
 
     assert lookup("A1") == "A1"
-    options = _tool_options(lookup)
+    options = tool_options(lookup)
     assert options is not None
     assert (options.name, options.description, options.return_direct) == (
         "lookup-order",
@@ -71,7 +71,7 @@ def test_empty_parentheses_work_like_the_bare_decorator() -> None:
         return "pong"
 
     assert ping() == "pong"
-    assert _tool_options(ping) is not None
+    assert tool_options(ping) is not None
 
 
 async def test_async_functions_stay_coroutine_functions() -> None:
@@ -111,13 +111,13 @@ def test_methods_static_and_class_methods_are_marked() -> None:
     assert Shop.tool_first(2) == 2
     assert shop.kind() == "Shop"
     for name in ("price", "static_first", "tool_first", "kind"):
-        assert _tool_options(getattr(shop, name)) is not None, name
+        assert tool_options(getattr(shop, name)) is not None, name
 
 
 def test_unmarked_functions_have_no_options() -> None:
     def plain() -> None: ...
 
-    assert _tool_options(plain) is None
+    assert tool_options(plain) is None
 
 
 @pytest.mark.parametrize("name", ["", "has space", "a" * 65, "ümlaut", "dot.ted"])
@@ -161,7 +161,7 @@ def test_partials_can_be_marked() -> None:
 
     square = tool(name="square")(functools.partial(power, exponent=2))
     assert square(3) == 9
-    options = _tool_options(square)
+    options = tool_options(square)
     assert options is not None
     assert options.name == "square"
 

@@ -30,19 +30,19 @@ from ..messages import (
 from ..models._base import ChatModel, ChatRequest
 from ..stores._base import ChatMemoryStore
 from ._window import (
+    AsyncMode,
     Limit,
     ReportedUsage,
+    StoreWrite,
     WindowChatMemory,
     WindowChatMemoryProvider,
+    WindowState,
     acquire_polling,
-    AsyncMode,
+    check_limit,
     check_messages,
     decrement,
     holds,
     message_key,
-    WindowState,
-    StoreWrite,
-    check_limit,
 )
 from .token_window import count_error, estimate_method
 from .tokens import TokenCountEstimator
