@@ -184,3 +184,34 @@ any_message = st.one_of(
 @given(st.lists(any_message, max_size=8))
 def test_any_conversation_round_trips(messages: list[ChatMessage]) -> None:
     assert dumps(messages_from_json(messages_to_json(messages))) == dumps(messages)
+
+
+def test_recorded_messages_share_a_frozen_fields_set_and_copies_get_their_own() -> None:
+    from typing import Annotated, Protocol
+
+    from aiservices import MemoryId, MessageWindowChatMemory, ai_service
+    from aiservices.testing import ScriptedChatModel
+
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel("one", "two"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+    )
+    bot.chat("a", "first")
+    bot.chat("b", "second")
+    memory_a = bot.get_chat_memory("a")  # type: ignore[attr-defined]
+    memory_b = bot.get_chat_memory("b")  # type: ignore[attr-defined]
+    user_a, ai_a = memory_a.messages()
+    user_b, _ = memory_b.messages()
+    assert user_a.model_fields_set is user_b.model_fields_set
+    assert user_a.model_fields_set == set(UserMessage.model_fields)
+    # model_copy(update=...) changes a set of the copy's own, not the shared one.
+    for deep in (False, True):
+        copied = ai_a.model_copy(update={"text": "changed"}, deep=deep)
+        assert copied.text == "changed"
+        assert copied.model_fields_set is not ai_a.model_fields_set
+    assert ai_a.text == "one"
+    assert user_a.model_fields_set == set(UserMessage.model_fields)

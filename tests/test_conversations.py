@@ -1,0 +1,273 @@
+"""A service's conversations: made once per id, keyed as the stores key them, and a turn's
+write seen through to its end even when its caller is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Collection, Hashable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import pytest
+
+from aiservices import (
+    ChatMemory,
+    ChatMemoryAccess,
+    ChatMessage,
+    InMemoryChatMemoryStore,
+    MemoryId,
+    MessageWindowChatMemory,
+    SqliteChatMemoryStore,
+    UserMessage,
+    ai_service,
+)
+from aiservices.testing import ScriptedChatModel
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[Hashable, MemoryId], text: str) -> str: ...
+
+
+class AsyncBot(ChatMemoryAccess, Protocol):
+    async def chat(self, user: Annotated[Hashable, MemoryId], text: str) -> str: ...
+
+
+def test_concurrent_first_calls_on_a_new_id_call_the_provider_once() -> None:
+    made: list[Hashable] = []
+    store = InMemoryChatMemoryStore()
+
+    def provider(memory_id: Hashable) -> ChatMemory:
+        made.append(memory_id)
+        time.sleep(0.05)  # a provider slow enough for every thread to miss the cache
+        return MessageWindowChatMemory(100, id=memory_id, store=store)
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    start = threading.Barrier(8)
+
+    def call(i: int) -> None:
+        start.wait()
+        bot.chat("new", f"message {i}")
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == ["new"]
+    # Every turn went to the one memory: none was lost to a second memory object.
+    assert len(bot.get_chat_memory("new").messages()) == 16
+    assert len(store.get_messages("new")) == 16
+
+
+def test_a_provider_that_fails_lets_the_next_call_try_again() -> None:
+    calls = 0
+
+    def provider(memory_id: Hashable) -> ChatMemory:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("store down")
+        return MessageWindowChatMemory(10, id=memory_id)
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    with pytest.raises(ConnectionError):
+        bot.chat("alice", "hi")
+    assert bot.chat("alice", "hi again") == "ok"
+    assert calls == 2
+
+
+def test_a_provider_that_returns_none_is_a_type_error_naming_the_id_before_the_model() -> None:
+    model = ScriptedChatModel(default="never")
+    bot = ai_service(Bot, model=model, chat_memory_provider=lambda memory_id: None)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match=r"returned None for the memory id 'alice'"):
+        bot.chat("alice", "hi")
+    assert model.requests == []
+    with pytest.raises(TypeError, match="returned None"):
+        asyncio.run(
+            ai_service(
+                AsyncBot,
+                model=model,
+                chat_memory_provider=lambda memory_id: None,  # type: ignore[arg-type,return-value]
+            ).chat("alice", "hi")
+        )
+    assert model.requests == []
+
+
+def test_ids_that_compare_equal_are_different_conversations_as_in_the_stores() -> None:
+    store = InMemoryChatMemoryStore()
+    made: list[Hashable] = []
+
+    def provider(memory_id: Hashable) -> ChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id, store=store)
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    ids: list[Hashable] = [1, True, 1.0, "1"]
+    for memory_id in ids:
+        bot.chat(memory_id, f"I am {memory_id!r} of {type(memory_id).__name__}")
+    assert [(type(i), i) for i in made] == [(type(i), i) for i in ids]
+    for memory_id in ids:
+        texts = [m.text for m in bot.get_chat_memory(memory_id).messages()]
+        assert texts == [f"I am {memory_id!r} of {type(memory_id).__name__}", "ok"]
+        assert bot.get_chat_memory(memory_id).id is memory_id
+        assert [m.text for m in store.get_messages(memory_id)] == texts
+    bot.forget(True)
+    assert bot.get_chat_memory(True).messages() == []
+    assert len(bot.get_chat_memory(1).messages()) == 2
+
+
+def test_an_unhashable_memory_id_is_a_type_error_naming_the_parameter() -> None:
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+    )
+    with pytest.raises(TypeError, match=r"Bot.chat\(user\): the memory id \['a'\] is unhashable"):
+        bot.chat(["a"], "hi")
+
+
+# -- a cancelled caller and a write in flight -----------------------------------------
+
+
+class SlowSqliteStore(SqliteChatMemoryStore):
+    """A SQLite store whose writes wait, in the worker thread, until they are let through."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writing = threading.Event()
+        self.go_on = threading.Event()
+
+    def apply_changes(
+        self, memory_id: Hashable, *, appended: Sequence[ChatMessage], removed: Collection[str]
+    ) -> None:
+        self.writing.set()
+        assert self.go_on.wait(10)
+        super().apply_changes(memory_id, appended=appended, removed=removed)
+
+    def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        self.writing.set()
+        assert self.go_on.wait(10)
+        super().update_messages(memory_id, messages)
+
+
+async def _cancel_while_writing(bot: AsyncBot, writing: Any, go_on: Any) -> tuple[Any, str]:
+    """Cancel a call once its write has begun, then let the write finish; the call's outcome
+    and the answer of a second call on the same id, queued behind the first."""
+    first = asyncio.ensure_future(bot.chat("alice", "remember 42"))
+    # `writing` may be a thread's event, set in a worker thread: poll it.
+    while not writing.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+    second = asyncio.ensure_future(bot.chat("alice", "what did I say?"))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    await asyncio.sleep(0.05)
+    # The lock is still held: the second call has not read the memory yet.
+    assert not second.done()
+    go_on.set()
+    try:
+        outcome: Any = await first
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+    return outcome, await second
+
+
+def test_a_call_cancelled_while_sqlite_writes_its_turn_reports_what_the_store_has(
+    tmp_path: Path,
+) -> None:
+    store = SlowSqliteStore(tmp_path / "chat.db")
+    model = ScriptedChatModel("Noted: 42.", "You said 42.")
+    bot = ai_service(
+        AsyncBot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    outcome, second = asyncio.run(_cancel_while_writing(bot, store.writing, store.go_on))
+    stored = [m.text for m in SqliteChatMemoryStore(tmp_path / "chat.db").get_messages("alice")]
+    # The turn landed, so the call says so: no CancelledError for a turn that is stored.
+    assert outcome == "Noted: 42."
+    assert stored[:2] == ["remember 42", "Noted: 42."]
+    # The second call ran after the write: it saw the first turn.
+    assert second == "You said 42."
+    assert model.requests[1].messages[:2] == [
+        UserMessage("remember 42"),
+        model.requests[1].messages[1],
+    ]
+    assert model.requests[1].messages[1].text == "Noted: 42."
+    store.close()
+
+
+class NativeAsyncStore(InMemoryChatMemoryStore):
+    """A store with native async methods whose writes wait on an asyncio event."""
+
+    is_blocking = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        return self.get_messages(memory_id)
+
+    async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        self.writing.set()
+        await self.go_on.wait()
+        self.update_messages(memory_id, messages)
+
+    async def adelete_messages(self, memory_id: Hashable) -> None:
+        self.delete_messages(memory_id)
+
+    async def aapply_changes(
+        self, memory_id: Hashable, *, appended: Sequence[ChatMessage], removed: Collection[str]
+    ) -> None:
+        self.writing.set()
+        await self.go_on.wait()
+        self.apply_changes(memory_id, appended=appended, removed=removed)
+
+
+def test_a_call_cancelled_while_an_async_store_writes_waits_for_the_write() -> None:
+    async def main() -> tuple[Any, str, list[str | None]]:
+        store = NativeAsyncStore()
+        bot = ai_service(
+            AsyncBot,
+            model=ScriptedChatModel("Noted: 42.", "You said 42."),
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+        )
+        outcome, second = await _cancel_while_writing(bot, store.writing, store.go_on)
+        return outcome, second, [m.text for m in store.get_messages("alice")]
+
+    outcome, second, stored = asyncio.run(main())
+    assert outcome == "Noted: 42."
+    assert stored == ["remember 42", "Noted: 42.", "what did I say?", "You said 42."]
+    assert second == "You said 42."
+
+
+def test_a_call_cancelled_before_its_write_records_nothing() -> None:
+    class SlowModel:
+        def __init__(self) -> None:
+            self.asked = asyncio.Event()
+
+        def chat(self, request: Any) -> Any:
+            raise AssertionError("async calls use achat")
+
+        async def achat(self, request: Any) -> Any:
+            self.asked.set()
+            await asyncio.sleep(10)
+
+    async def main() -> list[ChatMessage]:
+        model = SlowModel()
+        bot = ai_service(
+            AsyncBot,
+            model=model,
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+        )
+        call = asyncio.ensure_future(bot.chat("alice", "hi"))
+        await model.asked.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        return bot.get_chat_memory("alice").messages()
+
+    assert asyncio.run(main()) == []
