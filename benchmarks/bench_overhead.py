@@ -7,16 +7,16 @@ Run by hand: ``python benchmarks/bench_overhead.py``. Scenarios:
 - S3: a 3-field pydantic return (no memory);
 - S4: one tool round trip (tool request, tool, final answer).
 
-When magentic, pydantic-ai and langchain-core are installed (``pip install -e ".[bench]"``),
-the same scenarios run through them in the same process and the ratios are printed.
+Each contender runs in a process of its own, and their rounds alternate (see
+``_interleave``): ``--against REF`` adds another git ref of this project (say the previous
+main), ``--peers`` adds magentic, pydantic-ai and langchain-core when installed
+(``pip install -e ".[bench]"``). The ratios are this checkout's median over each one's.
+
+    python benchmarks/bench_overhead.py --against origin/main --peers
 """
 
 from __future__ import annotations
 
-import gc
-import statistics
-import sys
-import time
 from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
@@ -32,7 +32,6 @@ from aiservices import (
 )
 from aiservices.models import ChatRequest, ChatResponse
 
-ROUNDS = 7
 
 
 class Person(BaseModel):
@@ -42,25 +41,6 @@ class Person(BaseModel):
 
 
 PERSON_JSON = '{"name": "Ada", "age": 36, "city": "London"}'
-
-
-def measure(call: Callable[[int], Any], n: int) -> tuple[float, float]:
-    """Median and p90 of per-call microseconds over ``n`` calls (after a warm-up)."""
-    for i in range(min(n, 200)):
-        call(i)
-    samples: list[float] = []
-    gc.collect()
-    gc.disable()
-    try:
-        clock = time.perf_counter_ns
-        for i in range(n):
-            start = clock()
-            call(i)
-            samples.append((clock() - start) / 1000)
-    finally:
-        gc.enable()
-    samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.9)]
 
 
 # -- aiservices -----------------------------------------------------------------------
@@ -306,44 +286,23 @@ def langchain_scenarios() -> dict[str, Callable[[int], Any]] | None:
     }
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    contenders: dict[str, dict[str, Callable[[int], Any]] | None] = {
-        "aiservices": ours(),
-        "magentic": magentic_scenarios(),
-        "pydantic-ai": pydantic_ai_scenarios(),
-        "langchain-core": langchain_scenarios(),
-    }
-    results: dict[str, dict[str, tuple[float, float]]] = {}
-    present = {name: table for name, table in contenders.items() if table is not None}
-    for name, table in contenders.items():
-        if table is None:
-            print(f"{name}: not installed, skipped")
-    for scenario in ("S1", "S2", "S3", "S4"):
-        # Rounds alternate between the libraries, so that a change in the machine's load
-        # during the run spoils all of them alike; each keeps its best round.
-        for round_ in range(ROUNDS):
-            for name, table in present.items():
-                call = table.get(scenario)
-                fast = name in ("aiservices", "magentic")
-                if call is None or (not fast and round_ >= 2):
-                    continue
-                found = measure(call, n if fast else max(200, n // 10))
-                best = results.setdefault(name, {}).get(scenario)
-                if best is None or found[0] < best[0]:
-                    results[name][scenario] = found
-    mine = results["aiservices"]
-    print(
-        f"\n{'scenario':<8} {'library':<15} {'median us':>10} {'p90 us':>10} {'ours / theirs':>14}"
-    )
-    for scenario in ("S1", "S2", "S3", "S4"):
-        for name, table in results.items():
-            if scenario not in table:
-                continue
-            median, p90 = table[scenario]
-            ratio = "" if name == "aiservices" else f"{mine[scenario][0] / median:.2f}"
-            print(f"{scenario:<8} {name:<15} {median:>10.1f} {p90:>10.1f} {ratio:>14}")
+def scenarios(contender: str) -> dict[str, Callable[[int], Any]] | None:
+    """The scenarios of one contender, made in its worker process."""
+    return {
+        "aiservices": ours,
+        "magentic": magentic_scenarios,
+        "pydantic-ai": pydantic_ai_scenarios,
+        "langchain-core": langchain_scenarios,
+    }[contender]()
 
 
 if __name__ == "__main__":
-    main()
+    from _interleave import main
+
+    main(
+        __file__,
+        scenarios,
+        names=("S1", "S2", "S3", "S4"),
+        peers=("magentic", "pydantic-ai", "langchain-core"),
+        slow=("pydantic-ai", "langchain-core"),
+    )
