@@ -196,17 +196,20 @@ def turn(state: ServiceState, call: Call) -> Turn:
     hooks = state.hooks
     keep = call.conversation is not None
     # A stateless call stamps only the answer it hands to its caller (AiMessage, Result).
-    answer_stamp = (
-        _Stamp(new_message_id(), _now(UTC))
-        if keep or output.returns_ai_message or plan.wraps_result
-        else None
-    )
-    stamp = answer_stamp if keep else None
+    if keep or output.returns_ai_message or plan.wraps_result:
+        turn_id: str | None = new_message_id()
+        at: datetime | None = _now(UTC)
+    else:
+        turn_id = at = None
+    # What messages other than answers are stamped with: nothing when nothing is kept.
+    kept_id, kept_at = (turn_id, at) if keep else (None, None)
     info: CallInfo | None = None
     if hooks is not None:
-        turn_id = new_message_id() if answer_stamp is None else answer_stamp.turn_id
         info = call.info = CallInfo(
-            plan.qualname, call.memory_id, turn_id, getattr(state.model, "model_name", None)
+            plan.qualname,
+            call.memory_id,
+            turn_id or new_message_id(),
+            getattr(state.model, "model_name", None),
         )
         emit(hooks.on_call_start, info)
     history: list[ChatMessage] = (yield READ, None) if keep else []
@@ -226,13 +229,28 @@ def turn(state: ServiceState, call: Call) -> Turn:
         if current is not None and (system_text is None or current.text == system_text):
             window = [current, *rest]
         else:
-            system = _message(SystemMessage, {"type": "system", "text": system_text}, stamp)
+            system = unchecked_message(
+                SystemMessage,
+                {
+                    "type": "system",
+                    "text": system_text,
+                    "message_id": kept_id and new_message_id(),
+                    "turn_id": kept_id,
+                    "created_at": kept_at,
+                },
+            )
             recorded.append(system)
             window = [system, *rest]
-    user: UserMessage = _message(
+    user: UserMessage = unchecked_message(
         UserMessage,
-        {"type": "user", "text": call.user_text, "name": call.user_name},
-        stamp,
+        {
+            "type": "user",
+            "text": call.user_text,
+            "name": call.user_name,
+            "message_id": kept_id and new_message_id(),
+            "turn_id": kept_id,
+            "created_at": kept_at,
+        },
     )
     recorded.append(user)
     messages = [*window, user]  # the turn so far; a list is never changed once sent
@@ -266,7 +284,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     limit=state.max_tool_invocations,
                 )
             tool_rounds += 1
-            ai = _answer(answer, stamp)
+            ai = _stamped(answer, kept_id, kept_at)
             if info is not None:
                 for tool_request in requests:
                     emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
@@ -277,15 +295,17 @@ def turn(state: ServiceState, call: Call) -> Turn:
             round_messages: list[ChatMessage] = [ai]
             for execution in results:
                 round_messages.append(
-                    _message(
+                    unchecked_message(
                         ToolExecutionResultMessage,
                         {
                             "type": "tool_result",
                             "id": execution.request.id,
                             "tool_name": execution.request.name,
                             "text": execution.result,
+                            "message_id": kept_id and new_message_id(),
+                            "turn_id": kept_id,
+                            "created_at": kept_at,
                         },
-                        stamp,
                     )
                 )
             messages = sent = messages + round_messages
@@ -298,7 +318,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 return _finish(state, call, value, usage, response, executions, None, tool_rounds)
             continue
         if output.returns_ai_message:
-            value = ai = _answer(answer, answer_stamp)
+            value = ai = _stamped(answer, turn_id, at)
         else:
             try:
                 value = output.parse(answer.text)
@@ -314,38 +334,21 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 # Asked again with the error; neither the answer nor the error is recorded.
                 sent = [*messages, answer, _feedback(error, response_format)]
                 continue
-            ai = _answer(answer, answer_stamp)
+            ai = _stamped(answer, turn_id, at)
         recorded.append(ai)
         if keep:
             yield COMMIT, (recorded, request, response)
         return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
 
 
-class _Stamp:
-    """A recorded turn's metadata: its id and the time it began."""
-
-    __slots__ = ("at", "turn_id")
-
-    def __init__(self, turn_id: str, at: datetime) -> None:
-        self.turn_id = turn_id
-        self.at = at
-
-
-def _message(cls: type[Any], values: dict[str, Any], stamp: _Stamp | None) -> Any:
-    if stamp is None:
-        values["message_id"] = values["turn_id"] = values["created_at"] = None
-    else:
-        values["message_id"] = new_message_id()
-        values["turn_id"] = stamp.turn_id
-        values["created_at"] = stamp.at
-    return unchecked_message(cls, values)
-
-
-def _answer(answer: AiMessage, stamp: _Stamp | None) -> AiMessage:
-    """The model's answer as the turn records it: the model's object itself when stateless."""
-    if stamp is None:
+def _stamped(answer: AiMessage, turn_id: str | None, at: datetime | None) -> AiMessage:
+    """The model's answer as the turn records it; the model's object itself when unstamped."""
+    if turn_id is None:
         return answer
-    return _message(AiMessage, dict(answer.__dict__), stamp)  # type: ignore[no-any-return]
+    return unchecked_message(
+        AiMessage,
+        {**answer.__dict__, "message_id": new_message_id(), "turn_id": turn_id, "created_at": at},
+    )
 
 
 def _feedback(error: ValueError, response_format: ResponseFormat | None) -> UserMessage:

@@ -65,6 +65,12 @@ class ToolExecutionRequest(_Frozen):
 
 class _Message(_Frozen):
     _content: ClassVar[tuple[str, ...]] = ()
+    _all_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._all_fields = frozenset(cls.model_fields)
 
     type: str = Field(repr=False)
     message_id: str | None = Field(default=None, repr=False)
@@ -111,7 +117,7 @@ class _Message(_Frozen):
         return copied
 
 
-_M = TypeVar("_M", bound=BaseModel)
+_Msg = TypeVar("_Msg", bound=_Message)
 _new = object.__new__
 # pydantic keeps instance state in slots; their descriptors set it past the frozen check.
 _set_dict = object.__setattr__
@@ -120,25 +126,19 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def unchecked_message(cls: type[_M], values: dict[str, object]) -> _M:
+def unchecked_message(cls: type[_Msg], values: dict[str, object]) -> _Msg:
     """A message of ``cls`` made from ``values`` known valid, without validation.
 
-    For the framework's hot paths: ``values`` becomes the message's ``__dict__`` as it is.
-    When it names every field, the message shares its class's frozen fields set (a set of
-    its own would cost about 470 bytes per message).
+    For the framework's hot paths: ``values`` names every field and becomes the message's
+    ``__dict__`` as it is. The message shares its class's frozen fields set (a set of its
+    own would cost about 470 bytes per message).
     """
     instance = _new(cls)
     _set_dict(instance, "__dict__", values)
-    fields = _field_sets.get(cls)
-    if fields is None:
-        fields = _field_sets[cls] = frozenset(cls.model_fields)
-    _set_fields(instance, fields if len(values) == len(fields) else set(values))
+    _set_fields(instance, cls._all_fields)
     _set_extra(instance, None)
     _set_private(instance, None)
     return instance
-
-
-_field_sets: dict[type[BaseModel], frozenset[str]] = {}
 
 
 def _hashable(value: object) -> object:

@@ -63,7 +63,7 @@ class ChatRequestParameters:
 _NO_PARAMETERS = ChatRequestParameters()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChatRequest:
     """What the model is asked: the messages, the tools it may call, the answer's format."""
 
@@ -71,6 +71,26 @@ class ChatRequest:
     tools: Sequence[ToolSpecification] = ()
     response_format: ResponseFormat | None = None
     parameters: ChatRequestParameters = _NO_PARAMETERS
+
+    def __init__(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpecification] = (),
+        response_format: ResponseFormat | None = None,
+        parameters: ChatRequestParameters = _NO_PARAMETERS,
+    ) -> None:
+        # The slots' own setters: a frozen dataclass's __init__ goes through
+        # object.__setattr__ for each field, at twice the cost, once per model round.
+        _set_messages(self, messages)
+        _set_tools(self, tools)
+        _set_response_format(self, response_format)
+        _set_parameters(self, parameters)
+
+
+_set_messages = ChatRequest.__dict__["messages"].__set__
+_set_tools = ChatRequest.__dict__["tools"].__set__
+_set_response_format = ChatRequest.__dict__["response_format"].__set__
+_set_parameters = ChatRequest.__dict__["parameters"].__set__
 
 
 @dataclass(frozen=True, slots=True)
