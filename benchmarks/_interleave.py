@@ -147,9 +147,7 @@ def main(
         return {}
     with tempfile.TemporaryDirectory() as temporary:
         contenders: list[tuple[str, str, Path | None]] = [("this", "aiservices", ROOT)]
-        contenders += [
-            (ref, "aiservices", _export(ref, Path(temporary))) for ref in args.against
-        ]
+        contenders += [(ref, "aiservices", _export(ref, Path(temporary))) for ref in args.against]
         if args.peers:
             contenders += [(peer, peer, None) for peer in peers]
         workers = [Worker(Path(script).resolve(), *c) for c in contenders]
@@ -164,7 +162,9 @@ def main(
                         is_slow = worker.label in slow
                         if scenario not in worker.names or (is_slow and round_ >= 2):
                             continue
-                        found = worker.measure(scenario, max(200, args.n // 10) if is_slow else args.n)
+                        found = worker.measure(
+                            scenario, max(200, args.n // 10) if is_slow else args.n
+                        )
                         best = results.setdefault(worker.label, {}).get(scenario)
                         if best is None or found[0] < best[0]:
                             results[worker.label][scenario] = found

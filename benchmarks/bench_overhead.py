@@ -33,7 +33,6 @@ from aiservices import (
 from aiservices.models import ChatRequest, ChatResponse
 
 
-
 class Person(BaseModel):
     name: str
     age: int
