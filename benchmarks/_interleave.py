@@ -49,7 +49,7 @@ def measure(call: Callable[[int], Any], n: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(len(samples) * 0.9)]
 
 
-def _export(ref: str, into: Path) -> Path:
+def export(ref: str, into: Path) -> Path:
     """The ``aiservices`` package of ``ref``, written under ``into``."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "aiservices"],
@@ -147,7 +147,7 @@ def main(
         return {}
     with tempfile.TemporaryDirectory() as temporary:
         contenders: list[tuple[str, str, Path | None]] = [("this", "aiservices", ROOT)]
-        contenders += [(ref, "aiservices", _export(ref, Path(temporary))) for ref in args.against]
+        contenders += [(ref, "aiservices", export(ref, Path(temporary))) for ref in args.against]
         if args.peers:
             contenders += [(peer, peer, None) for peer in peers]
         workers = [Worker(Path(script).resolve(), *c) for c in contenders]
