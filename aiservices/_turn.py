@@ -188,8 +188,8 @@ def turn(state: ServiceState, call: Call) -> Turn:
     A turn with a conversation reads the memory first and commits last, once, what it
     records: the system message when new or changed, the user message, each model round's
     ``AiMessage`` with its tool results, and the final answer. Every recorded message
-    carries a new message id, the turn's id and the time the turn began (one clock read).
-    A stateless turn stamps only the answer it returns as a message.
+    carries a new message id, the turn's id and the time it was made (the opening messages
+    share one). A stateless turn stamps only the answer it returns as a message.
     """
     plan = call.plan
     output = plan.output
@@ -198,11 +198,11 @@ def turn(state: ServiceState, call: Call) -> Turn:
     # A stateless call stamps only the answer it hands to its caller (AiMessage, Result).
     if keep or output.returns_ai_message or plan.wraps_result:
         turn_id: str | None = new_message_id()
-        at: datetime | None = _now(UTC)
     else:
-        turn_id = at = None
-    # What messages other than answers are stamped with: nothing when nothing is kept.
-    kept_id, kept_at = (turn_id, at) if keep else (None, None)
+        turn_id = None
+    # What the messages other than answers are stamped with: nothing when nothing is kept.
+    kept_id = turn_id if keep else None
+    opened_at = _now(UTC) if keep else None
     info: CallInfo | None = None
     if hooks is not None:
         info = call.info = CallInfo(
@@ -236,7 +236,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     "text": system_text,
                     "message_id": kept_id and new_message_id(),
                     "turn_id": kept_id,
-                    "created_at": kept_at,
+                    "created_at": opened_at,
                 },
             )
             recorded.append(system)
@@ -249,7 +249,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
             "name": call.user_name,
             "message_id": kept_id and new_message_id(),
             "turn_id": kept_id,
-            "created_at": kept_at,
+            "created_at": opened_at,
         },
     )
     recorded.append(user)
@@ -284,7 +284,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     limit=state.max_tool_invocations,
                 )
             tool_rounds += 1
-            ai = _stamped(answer, kept_id, kept_at)
+            ai = _stamped(answer, kept_id)
             if info is not None:
                 for tool_request in requests:
                     emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
@@ -293,6 +293,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 for execution in results:
                     emit(hooks.on_tool_end, info, execution)  # type: ignore[union-attr]
             round_messages: list[ChatMessage] = [ai]
+            ran_at = _now(UTC) if keep else None
             for execution in results:
                 round_messages.append(
                     unchecked_message(
@@ -304,7 +305,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                             "text": execution.result,
                             "message_id": kept_id and new_message_id(),
                             "turn_id": kept_id,
-                            "created_at": kept_at,
+                            "created_at": ran_at,
                         },
                     )
                 )
@@ -318,7 +319,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 return _finish(state, call, value, usage, response, executions, None, tool_rounds)
             continue
         if output.returns_ai_message:
-            value = ai = _stamped(answer, turn_id, at)
+            value = ai = _stamped(answer, turn_id)
         else:
             try:
                 value = output.parse(answer.text)
@@ -334,20 +335,26 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 # Asked again with the error; neither the answer nor the error is recorded.
                 sent = [*messages, answer, _feedback(error, response_format)]
                 continue
-            ai = _stamped(answer, turn_id, at)
+            ai = _stamped(answer, turn_id)
         recorded.append(ai)
         if keep:
             yield COMMIT, (recorded, request, response)
         return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
 
 
-def _stamped(answer: AiMessage, turn_id: str | None, at: datetime | None) -> AiMessage:
-    """The model's answer as the turn records it; the model's object itself when unstamped."""
+def _stamped(answer: AiMessage, turn_id: str | None) -> AiMessage:
+    """The model's answer as the turn records it, made now; the model's own object when the
+    turn stamps nothing."""
     if turn_id is None:
         return answer
     return unchecked_message(
         AiMessage,
-        {**answer.__dict__, "message_id": new_message_id(), "turn_id": turn_id, "created_at": at},
+        {
+            **answer.__dict__,
+            "message_id": new_message_id(),
+            "turn_id": turn_id,
+            "created_at": _now(UTC),
+        },
     )
 
 
