@@ -12,13 +12,12 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from ._text_streams import AsyncTextStream, TextStream
-from ._turn import COMMIT, MODEL, READ, Call, ServiceState, bind, failed, turn
+from ._turn import COMMIT, MODEL, READ, Call, ServiceState, bind, failed, turn, unstreamed_text
 from .models import ChatModel, ChatRequest, ChatResponse
 
 if TYPE_CHECKING:
     from ._conversations import Conversation
     from ._plan import MethodPlan
-    from ._result import Result
 
 __all__ = ["run_async", "run_sync", "stream_async", "stream_sync"]
 
@@ -73,7 +72,7 @@ def _chunks(state: ServiceState, call: Call, sink: TextStream) -> Generator[str,
                     value = _perform(op, argument, conversation)
         except StopIteration as stop:
             sink.result = stop.value
-            direct = _direct_text(stop.value)
+            direct = unstreamed_text(stop.value)
             if direct:
                 yield direct
     except BaseException as error:
@@ -188,7 +187,7 @@ async def _achunks(
                     value = _final(model, value)
         except StopIteration as stop:
             sink.result = stop.value
-            direct = _direct_text(stop.value)
+            direct = unstreamed_text(stop.value)
             if direct:
                 yield direct
     except BaseException as error:
@@ -287,10 +286,3 @@ def _final(model: ChatModel, response: ChatResponse | None) -> ChatResponse:
             "yields text deltas (str) and then one ChatResponse"
         )
     return response
-
-
-def _direct_text(result: Result[Any]) -> str | None:
-    """The text of a call answered by a direct-return tool (no model round streamed it)."""
-    if result.ai_message is not None or not result.tool_executions:
-        return None
-    return "\n".join(e.result for e in result.tool_executions)

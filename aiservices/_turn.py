@@ -55,6 +55,7 @@ __all__ = [
     "bind",
     "failed",
     "turn",
+    "unstreamed_text",
 ]
 
 DEFAULT_MEMORY_ID: Final = "default"
@@ -405,6 +406,14 @@ def _finish(  # noqa: PLR0917 - private, called from the turn's two ends
             response.finish_reason,
         )
     return result if plan.wraps_result else value
+
+
+def unstreamed_text(result: Result[Any]) -> str | None:
+    """What a stream still owes its reader at the end: a direct-return tool's answer, which
+    no model round streamed."""
+    if result.ai_message is not None or not result.tool_executions:
+        return None
+    return "\n".join(e.result for e in result.tool_executions)
 
 
 def failed(state: ServiceState, call: Call, error: BaseException) -> None:

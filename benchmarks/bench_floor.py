@@ -23,7 +23,8 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
-from bench_overhead import magentic_scenarios, measure, ours
+from _interleave import measure
+from bench_overhead import magentic_scenarios, ours
 
 from aiservices.messages import (
     AiMessage,
