@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
-from .errors import AiServiceError, InterfaceError, OutputParseError, ToolLimitError
+from .errors import (
+    AiServiceError,
+    GuardrailError,
+    InterfaceError,
+    OutputParseError,
+    Reprompt,
+    ToolLimitError,
+)
+from .guardrails import guardrails
 from .markers import MemoryId, UserName, V
 from .memory import ChatMemory, ChatMemoryProvider
 from .messages import (
@@ -28,6 +36,7 @@ from .service import ChatMemoryAccess, ai_service
 from .stores import ChatMemoryStore
 
 if TYPE_CHECKING:
+    from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
     from ._result import Result
     from ._text_streams import AsyncTextStream, TextStream
     from .memory import (
@@ -67,6 +76,11 @@ _LAZY = {
     "TokenWindowChatMemory": ".memory",
     "SummarizingChatMemory": ".memory",
     "TextStream": "._text_streams",
+    "StreamEvent": "._events",
+    "TextDelta": "._events",
+    "ToolCallStarted": "._events",
+    "ToolCallFinished": "._events",
+    "TurnCompleted": "._events",
     "AsyncTextStream": "._text_streams",
     "tool": ".tools",
     "ToolExecution": ".tools",
@@ -97,6 +111,7 @@ __all__ = [
     "ChatRequest",
     "ChatRequestParameters",
     "ChatResponse",
+    "GuardrailError",
     "InMemoryChatMemoryStore",
     "InterfaceError",
     "MemoryId",
@@ -104,24 +119,31 @@ __all__ = [
     "OutputParseError",
     "PostgresChatMemoryStore",
     "RedisChatMemoryStore",
+    "Reprompt",
     "ResponseFormat",
     "Result",
     "SqliteChatMemoryStore",
+    "StreamEvent",
     "SummarizingChatMemory",
     "SystemMessage",
     "TokenCountEstimator",
-    "TokenUsage",
+    "TextDelta",
     "TextStream",
+    "TokenUsage",
     "TokenWindowChatMemory",
+    "ToolCallFinished",
+    "ToolCallStarted",
     "ToolExecution",
     "ToolExecutionRequest",
     "ToolExecutionResultMessage",
     "ToolLimitError",
     "ToolSpecification",
+    "TurnCompleted",
     "UserMessage",
     "UserName",
     "V",
     "ai_service",
+    "guardrails",
     "messages_from_json",
     "messages_to_json",
     "system_message",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -10,14 +11,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._conversations import Conversation, Conversations, key_of
 from ._hooks import Hooks
 from ._plan import plan_interface
-from ._runner import run_async, run_sync, stream_async, stream_sync
+from ._runner import events_async, events_sync, run_async, run_sync, stream_async, stream_sync
 from ._toolbox import Toolbox
 from ._turn import ServiceState
 from .errors import InterfaceError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
-from .models import ChatModel, ChatRequestParameters
+from .models import ChatModel, ChatRequest, ChatRequestParameters
 from .models._registry import PROVIDERS, parse_model_spec
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         "async": "run_async",
         "stream": "stream_sync",
         "astream": "stream_async",
+        "events": "events_sync",
+        "aevents": "events_async",
     }[plan.kind]
     prefix = "async " if plan.is_coroutine else ""
     call = "await " if plan.kind == "async" else ""
@@ -118,6 +121,8 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         "run_async": run_async,
         "stream_sync": stream_sync,
         "stream_async": stream_async,
+        "events_sync": events_sync,
+        "events_async": events_async,
         "_plan": plan,
         **defaults,
     }
@@ -127,6 +132,57 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
     function.__qualname__ = plan.qualname
     function.__signature__ = plan.signature  # type: ignore[attr-defined]
     return function
+
+
+def _with_guardrails(
+    plans: dict[str, MethodPlan],
+    input_guardrails: tuple[Callable[..., Any], ...],
+    output_guardrails: tuple[Callable[..., Any], ...],
+    retriever: Callable[..., Any] | None,
+) -> dict[str, MethodPlan]:
+    """Each plan with the service's guardrails before its own; one ``InterfaceError`` for
+    an async guardrail or retriever on a sync method, or output guardrails on a stream."""
+    problems: list[str] = []
+    merged: dict[str, MethodPlan] = {}
+    for name, plan in plans.items():
+        inputs = input_guardrails + plan.input_guardrails
+        outputs = output_guardrails + plan.output_guardrails
+        where = f"{plan.qualname}()"
+        if plan.kind not in ("async", "aevents", "astream"):
+            for kind, given in (("input", inputs), ("output", outputs)):
+                problems += [
+                    f"{where}: the {kind} guardrail {_name(g)} is async and the method is "
+                    "not: give async guardrails to async methods only"
+                    for g in given
+                    if _is_async(g)
+                ]
+            if retriever is not None and _is_async(retriever):
+                problems.append(
+                    f"{where}: the retriever {_name(retriever)} is async and the method is "
+                    "not: make the method async or the retriever sync"
+                )
+        if outputs and plan.kind in ("stream", "astream", "events", "aevents"):
+            problems.append(
+                f"{where}: a streaming method shows the answer as it arrives, before output "
+                "guardrails could check it; give the output guardrails to the other methods "
+                "with @guardrails(output=[...])"
+            )
+        merged[name] = dataclasses.replace(
+            plan, input_guardrails=inputs, output_guardrails=outputs
+        )
+    if problems:
+        raise InterfaceError(problems)
+    return merged
+
+
+def _is_async(function: object) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
+    )
+
+
+def _name(function: object) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
 
 
 def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
@@ -164,6 +220,10 @@ def build(
     parameters: ChatRequestParameters | None,
     chat_memory_cache_size: int,
     listeners: Sequence[object],
+    input_guardrails: Sequence[Callable[..., Any]],
+    output_guardrails: Sequence[Callable[..., Any]],
+    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None,
+    retriever: Callable[..., Any] | None,
     localns: dict[str, Any] | None,
 ) -> T:
     chat_model, model_spec = _check_model(model)
@@ -185,11 +245,23 @@ def build(
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
     listeners = list(listeners)
     problems.extend(Hooks.check(listeners))
+    input_guardrails = tuple(input_guardrails)
+    output_guardrails = tuple(output_guardrails)
+    for name, given in (
+        ("input_guardrails", input_guardrails),
+        ("output_guardrails", output_guardrails),
+    ):
+        problems += [f"{name}[{i}]: {g!r} is not callable" for i, g in enumerate(given) if not callable(g)]
+    if request_transformer is not None and not callable(request_transformer):
+        problems.append("request_transformer must be a callable (request, memory_id) -> ChatRequest")
+    if retriever is not None and not callable(retriever):
+        problems.append("retriever must be a callable (query, memory_id) -> Sequence[str]")
     if problems:
         raise InterfaceError(problems)
     plans = plan_interface(
         interface, has_memory_provider=chat_memory_provider is not None, localns=localns
     )
+    plans = _with_guardrails(plans, input_guardrails, output_guardrails, retriever)
     toolbox = Toolbox.from_objects(list(tools), error_handler=tool_error_handler)
     state = ServiceState(
         model=chat_model,
@@ -204,6 +276,8 @@ def build(
         max_output_retries=max_output_retries,
         parameters=parameters or ChatRequestParameters(),
         hooks=Hooks(listeners) if listeners else None,
+        retriever=retriever,
+        request_transformer=request_transformer,
     )
     assert isinstance(interface, type)
     namespace: dict[str, Any] = {name: _method(plan) for name, plan in plans.items()}

@@ -14,17 +14,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
+from ._events import StreamEvent
 from ._output import OutputPlan, UnsupportedOutputType, plan_output
 from ._result import Result
 from ._templates import BUILTIN_VARIABLES, Template
 from ._text_streams import AsyncTextStream, TextStream
 from .errors import InterfaceError
+from .guardrails import GUARDRAILS_ATTRIBUTE
 from .markers import MemoryId, UserName, V, is_marker
 from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
 
 __all__ = ["CallKind", "MethodPlan", "plan_interface"]
 
-CallKind = Literal["sync", "async", "stream", "astream"]
+CallKind = Literal["sync", "async", "stream", "astream", "events", "aevents"]
 
 # Members every service object has; an interface may declare them (ChatMemoryAccess).
 ACCESS_METHODS: Final = frozenset({"get_chat_memory", "evict_chat_memory", "forget"})
@@ -50,6 +52,9 @@ class MethodPlan:
     wraps_result: bool
     is_coroutine: bool
     doc: str | None
+    # The method's own guardrails (@guardrails); the builder puts the service's first.
+    input_guardrails: tuple[Callable[..., Any], ...] = ()
+    output_guardrails: tuple[Callable[..., Any], ...] = ()
 
 
 def _problem(where: str, text: str) -> str:
@@ -108,13 +113,20 @@ def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] 
         if is_async:
             return "an async def method streams with AsyncIterator[str]"
         inner = _only_arg(annotation) if origin is not TextStream else str
-        return ("stream", inner, True) if inner is str else "a streaming method yields str"
+        if inner == StreamEvent:
+            return "events", str, True
+        return ("stream", inner, True) if inner is str else _STREAMS_YIELD
     if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable, AsyncTextStream):
         inner = _only_arg(annotation) if origin is not AsyncTextStream else str
-        return ("astream", inner, True) if inner is str else "a streaming method yields str"
+        if inner == StreamEvent:
+            return "aevents", str, True
+        return ("astream", inner, True) if inner is str else _STREAMS_YIELD
     if origin is Result:
         return ("async" if is_async else "sync"), _only_arg(annotation), True
     return ("async" if is_async else "sync"), annotation, False
+
+
+_STREAMS_YIELD: Final = "a streaming method yields str or StreamEvent"
 
 
 def _only_arg(annotation: Any) -> Any:
@@ -272,8 +284,9 @@ def plan_method(
         problems.append(
             _problem(
                 where,
-                f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` or "
-                f"`async def m(...) -> AsyncIterator[str]`, not {hints['return']!r}",
+                f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` (or "
+                f"Iterator[StreamEvent]) or `async def m(...) -> AsyncIterator[str]`, not "
+                f"{hints['return']!r}",
             )
         )
         return None
@@ -283,6 +296,9 @@ def plan_method(
     except UnsupportedOutputType as exc:
         problems.append(_problem(where, f"return type: {exc}"))
         return None
+    own_guardrails: tuple[tuple[Any, ...], tuple[Any, ...]] = getattr(
+        function, GUARDRAILS_ATTRIBUTE, ((), ())
+    )
     if len(problems) > before:
         return None
     return MethodPlan(
@@ -302,6 +318,8 @@ def plan_method(
         wraps_result=wraps,
         is_coroutine=is_async,
         doc=function.__doc__,
+        input_guardrails=own_guardrails[0],
+        output_guardrails=own_guardrails[1],
     )
 
 

@@ -24,7 +24,8 @@ class Result(Generic[T]):
     ``token_usage`` is summed over every model round of the call (``None`` when the model
     reported none); ``tool_executions`` lists each tool request with its result, in order;
     ``memory_id`` is the conversation the call used (a new uuid when an optional memory id
-    was ``None``).
+    was ``None``); ``sources`` the texts the service's retriever found for the call, in
+    order (empty without a retriever).
     """
 
     content: T
@@ -33,3 +34,4 @@ class Result(Generic[T]):
     tool_executions: Sequence[ToolExecution] = field(default_factory=tuple)
     memory_id: Hashable | None = None
     ai_message: AiMessage | None = None
+    sources: tuple[str, ...] = ()

@@ -1,25 +1,47 @@
 """The drivers: a service call's turn (``_turn.turn``) run the blocking way, the awaiting
-way, or as a stream of text, sync or async.
+way, or as a stream of events or text, sync or async.
 
-A driver binds the call, holds the conversation's turn lock, performs the I/O the turn
-yields (read the memory, ask the model, run tools, commit) and releases the lock. It holds
-no rule of the turn: those are all in ``_turn``.
+A driver binds the call, holds the conversation's turn lock, performs the operations the
+turn yields (read the memory, ask the model, run tools, call a guardrail or a retriever,
+commit), hands back each outcome (``send``) or exception (``throw``), and releases the lock.
+It holds no rule of the turn: those are all in ``_turn``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
 from ._text_streams import AsyncTextStream, TextStream
-from ._turn import COMMIT, MODEL, READ, Call, ServiceState, bind, failed, turn, unstreamed_text
+from ._turn import (
+    CALL,
+    COMMIT,
+    MODEL,
+    READ,
+    TOOLS,
+    Call,
+    ServiceState,
+    bind,
+    failed,
+    turn,
+    unstreamed_text,
+)
 from .models import ChatModel, ChatRequest, ChatResponse
 
 if TYPE_CHECKING:
     from ._conversations import Conversation
     from ._plan import MethodPlan
 
-__all__ = ["run_async", "run_sync", "stream_async", "stream_sync"]
+__all__ = [
+    "events_async",
+    "events_sync",
+    "run_async",
+    "run_sync",
+    "stream_async",
+    "stream_sync",
+]
 
 
 # -- blocking -------------------------------------------------------------------------
@@ -31,12 +53,18 @@ def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> An
     conversation = _hold(state, call)
     try:
         chat = (state.model or state.chat_model()).chat
-        send = turn(state, call).send
+        running = turn(state, call)
+        send, throw = running.send, running.throw
         value: Any = None
+        error: Exception | None = None
         try:
             while True:
-                op, argument = send(value)
-                value = chat(argument) if op == MODEL else _perform(op, argument, conversation)
+                op, argument = send(value) if error is None else throw(error)
+                error = None
+                try:
+                    value = chat(argument) if op == MODEL else _perform(op, argument, conversation)
+                except Exception as raised:  # the turn decides what an error means
+                    error = raised
         except StopIteration as stop:
             return stop.value
     except BaseException as error:
@@ -52,29 +80,61 @@ def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) ->
     """Start a streaming call: bind now, run when the first chunk is asked for."""
     call = bind(state, plan, args)
     stream = TextStream.__new__(TextStream)
-    TextStream.__init__(stream, _chunks(state, call, stream))
+    TextStream.__init__(stream, _texts(_events(state, call), stream))
     return stream
 
 
-def _chunks(state: ServiceState, call: Call, sink: TextStream) -> Generator[str, None, None]:
-    # The conversation is held from the first chunk asked for until the stream ends.
+def events_sync(
+    state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
+) -> Iterator[StreamEvent]:
+    """Start a call that streams its events: bind now, run when the first is asked for."""
+    return _events(state, bind(state, plan, args))
+
+
+def _texts(
+    events: Generator[StreamEvent, None, None], sink: TextStream
+) -> Generator[str, None, None]:
+    try:
+        for event in events:
+            if type(event) is TextDelta:
+                yield event.text
+            elif type(event) is TurnCompleted:
+                sink.result = event.result
+    finally:
+        events.close()
+
+
+def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, None]:
+    # The conversation is held from the first event asked for until the stream ends.
     conversation = _hold(state, call)
     try:
         model = state.model or state.chat_model()
-        send = turn(state, call).send
+        running = turn(state, call)
+        send, throw = running.send, running.throw
         value: Any = None
+        error: Exception | None = None
         try:
             while True:
-                op, argument = send(value)
-                if op == MODEL:
-                    value = yield from _streamed(model, argument)
-                else:
-                    value = _perform(op, argument, conversation)
+                op, argument = send(value) if error is None else throw(error)
+                error = None
+                try:
+                    if op == MODEL:
+                        value = yield from _streamed(model, argument)
+                    elif op == TOOLS:
+                        for request in argument[1]:
+                            yield ToolCallStarted(request)
+                        value = _perform(op, argument, conversation)
+                        for execution in value:
+                            yield ToolCallFinished(execution)
+                    else:
+                        value = _perform(op, argument, conversation)
+                except Exception as raised:
+                    error = raised
         except StopIteration as stop:
-            sink.result = stop.value
             direct = unstreamed_text(stop.value)
             if direct:
-                yield direct
+                yield TextDelta(direct)
+            yield TurnCompleted(stop.value)
     except BaseException as error:
         # An early close (GeneratorExit) or a cancellation ends the call too.
         failed(state, call, error)
@@ -102,24 +162,35 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         conversation.memory.add(*messages)  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
+    if op == CALL:
+        function, call_args = argument
+        value = function(*call_args)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            raise TypeError(
+                f"{getattr(function, '__qualname__', function)!r} returned an awaitable in a "
+                "sync call; give async guardrails and retrievers to async methods"
+            )
+        return value
     toolbox, requests, memory_id = argument
     return toolbox.execute_all(requests, memory_id)
 
 
-def _streamed(model: ChatModel, request: ChatRequest) -> Generator[str, None, ChatResponse]:
+def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, None, ChatResponse]:
     """Forward the answer's text deltas; return the final response."""
     stream = getattr(model, "stream", None)
     if stream is None:
         response = model.chat(request)
         if response.ai_message.text:
-            yield response.ai_message.text
+            yield TextDelta(response.ai_message.text)
         return response
     final: ChatResponse | None = None
     for piece in stream(request):
         if isinstance(piece, ChatResponse):
             final = piece
         elif piece:
-            yield piece
+            yield TextDelta(piece)
     return _final(model, final)
 
 
@@ -132,15 +203,21 @@ async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
     conversation = await _ahold(state, call)
     try:
         model = state.model or state.chat_model()
-        send = turn(state, call).send
+        running = turn(state, call)
+        send, throw = running.send, running.throw
         value: Any = None
+        error: Exception | None = None
         try:
             while True:
-                op, argument = send(value)
-                if op == MODEL:
-                    value = await _achat(model, argument)
-                else:
-                    value = await _aperform(op, argument, conversation)
+                op, argument = send(value) if error is None else throw(error)
+                error = None
+                try:
+                    if op == MODEL:
+                        value = await _achat(model, argument)
+                    else:
+                        value = await _aperform(op, argument, conversation)
+                except Exception as raised:  # the turn decides what an error means
+                    error = raised
         except StopIteration as stop:
             return stop.value
     except BaseException as error:
@@ -155,41 +232,71 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
     call = bind(state, plan, args)
     stream = AsyncTextStream.__new__(AsyncTextStream)
-    AsyncTextStream.__init__(stream, _achunks(state, call, stream))
+    AsyncTextStream.__init__(stream, _atexts(_aevents(state, call), stream))
     return stream
 
 
-async def _achunks(
-    state: ServiceState, call: Call, sink: AsyncTextStream
+def events_async(
+    state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
+) -> AsyncIterator[StreamEvent]:
+    """Start an async call that streams its events: bind now, run when the first is awaited."""
+    return _aevents(state, bind(state, plan, args))
+
+
+async def _atexts(
+    events: AsyncGenerator[StreamEvent, None], sink: AsyncTextStream
 ) -> AsyncGenerator[str, None]:
+    try:
+        async for event in events:
+            if type(event) is TextDelta:
+                yield event.text
+            elif type(event) is TurnCompleted:
+                sink.result = event.result
+    finally:
+        await events.aclose()
+
+
+async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEvent, None]:
     conversation = await _ahold(state, call)
     try:
         model = state.model or state.chat_model()
         astream = getattr(model, "astream", None)
-        send = turn(state, call).send
+        running = turn(state, call)
+        send, throw = running.send, running.throw
         value: Any = None
+        error: Exception | None = None
         try:
             while True:
-                op, argument = send(value)
-                if op != MODEL:
-                    value = await _aperform(op, argument, conversation)
-                elif astream is None:
-                    value = await _achat(model, argument)
-                    if value.ai_message.text:
-                        yield value.ai_message.text
-                else:
-                    value = None
-                    async for piece in astream(argument):
-                        if isinstance(piece, ChatResponse):
-                            value = piece
-                        elif piece:
-                            yield piece
-                    value = _final(model, value)
+                op, argument = send(value) if error is None else throw(error)
+                error = None
+                try:
+                    if op not in (MODEL, TOOLS):
+                        value = await _aperform(op, argument, conversation)
+                    elif op == TOOLS:
+                        for request in argument[1]:
+                            yield ToolCallStarted(request)
+                        value = await _aperform(op, argument, conversation)
+                        for execution in value:
+                            yield ToolCallFinished(execution)
+                    elif astream is None:
+                        value = await _achat(model, argument)
+                        if value.ai_message.text:
+                            yield TextDelta(value.ai_message.text)
+                    else:
+                        value = None
+                        async for piece in astream(argument):
+                            if isinstance(piece, ChatResponse):
+                                value = piece
+                            elif piece:
+                                yield TextDelta(piece)
+                        value = _final(model, value)
+                except Exception as raised:
+                    error = raised
         except StopIteration as stop:
-            sink.result = stop.value
             direct = unstreamed_text(stop.value)
             if direct:
-                yield direct
+                yield TextDelta(direct)
+            yield TurnCompleted(stop.value)
     except BaseException as error:
         failed(state, call, error)
         raise
@@ -226,6 +333,10 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             memory.add(*messages)
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
+    if op == CALL:
+        function, call_args = argument
+        value = function(*call_args)
+        return (await value) if inspect.isawaitable(value) else value
     toolbox, requests, memory_id = argument
     return await toolbox.aexecute_all(requests, memory_id)
 

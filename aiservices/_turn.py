@@ -25,7 +25,7 @@ from ._hooks import Hooks, emit, logger
 from ._result import Result
 from ._templates import render_value
 from ._toolbox import Toolbox
-from .errors import OutputParseError, ToolLimitError
+from .errors import GuardrailError, OutputParseError, Reprompt, ToolLimitError
 from .messages import (
     AiMessage,
     ChatMessage,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .tools import ToolExecution
 
 __all__ = [
+    "CALL",
     "COMMIT",
     "MODEL",
     "READ",
@@ -65,6 +66,7 @@ READ: Final = 0  # None -> the memory's messages
 MODEL: Final = 1  # ChatRequest -> ChatResponse
 TOOLS: Final = 2  # (Toolbox, requests, memory id) -> list[ToolExecution]
 COMMIT: Final = 3  # (messages to record, last request, last response) -> None
+CALL: Final = 4  # (function, args) -> what it returns, awaited in async calls
 
 Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
 
@@ -87,6 +89,8 @@ class ServiceState:
     max_output_retries: int
     parameters: ChatRequestParameters
     hooks: Hooks | None = None
+    retriever: Callable[..., Any] | None = None
+    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None
     model_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def chat_model(self) -> ChatModel:
@@ -186,9 +190,11 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
 def turn(state: ServiceState, call: Call) -> Turn:
     """The call's turn: yields ``(operation, argument)`` pairs and returns the answer.
 
-    A turn with a conversation reads the memory first and commits last, once, what it
-    records: the system message when new or changed, the user message, each model round's
-    ``AiMessage`` with its tool results, and the final answer. Every recorded message
+    The operations' outcomes come back by ``send``, their exceptions by ``throw``. Input
+    guardrails and the retriever run first; a turn with a conversation then reads the
+    memory, and commits last, once, what it records: the system message when new or
+    changed, the user message, each model round's ``AiMessage`` with its tool results, and
+    the final answer. Every recorded message
     carries a new message id, the turn's id and the time it was made (the opening messages
     share one). A stateless turn stamps only the answer it returns as a message.
     """
@@ -213,6 +219,15 @@ def turn(state: ServiceState, call: Call) -> Turn:
             getattr(state.model, "model_name", None),
         )
         emit(hooks.on_call_start, info)
+    user_text = call.user_text
+    for guardrail in plan.input_guardrails:
+        replaced = yield CALL, (guardrail, (user_text,))
+        if replaced is not None:
+            user_text = _checked_text(replaced, guardrail)
+    sources: tuple[str, ...] = ()
+    if state.retriever is not None:
+        found = yield CALL, (state.retriever, (user_text, call.memory_id))
+        sources = _checked_sources(found, state.retriever)
     history: list[ChatMessage] = (yield READ, None) if keep else []
 
     # The model sees the system message first, wherever the memory keeps it; a new or
@@ -246,7 +261,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
         UserMessage,
         {
             "type": "user",
-            "text": call.user_text,
+            "text": user_text,
             "name": call.user_name,
             "message_id": kept_id and new_message_id(),
             "turn_id": kept_id,
@@ -254,7 +269,10 @@ def turn(state: ServiceState, call: Call) -> Turn:
         },
     )
     recorded.append(user)
-    messages = [*window, user]  # the turn so far; a list is never changed once sent
+    # The model sees what was retrieved with the user message; the memory keeps what the
+    # user said.
+    messages = [*window, _augmented(user, sources) if sources else user]
+    # (the turn so far; a list is never changed once sent)
 
     toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
     specifications = toolbox.specifications
@@ -264,9 +282,13 @@ def turn(state: ServiceState, call: Call) -> Turn:
     executions: list[ToolExecution] = []
     tool_rounds = 0
     retries = 0
+    reprompts = 0
     sent = messages
+    transform = state.request_transformer
     while True:
         request = ChatRequest(sent, specifications, response_format, parameters)
+        if transform is not None:
+            request = _transformed(transform, request, call.memory_id)
         if info is not None:
             emit(hooks.on_request, info, request)  # type: ignore[union-attr]
         response: ChatResponse = yield MODEL, request
@@ -317,8 +339,28 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 value = _direct_value(plan, results)
                 if keep:
                     yield COMMIT, (recorded, request, response)
-                return _finish(state, call, value, usage, response, executions, None, tool_rounds)
+                return _finish(
+                    state, call, value, usage, response, executions, None, tool_rounds, sources
+                )
             continue
+        if plan.output_guardrails:
+            try:
+                checked = answer
+                for guardrail in plan.output_guardrails:
+                    replaced = yield CALL, (guardrail, (checked,))
+                    if replaced is not None:
+                        checked = _checked_answer(replaced, guardrail)
+            except Reprompt as reprompt:
+                if reprompts >= state.max_output_retries:
+                    raise GuardrailError(
+                        f"{plan.qualname}: the answer was still refused after {reprompts} "
+                        f"reprompt(s): {reprompt.reason}"
+                    ) from reprompt
+                reprompts += 1
+                # Asked again with the reason; neither the answer nor the reason is recorded.
+                sent = [*messages, answer, UserMessage(reprompt.reason)]
+                continue
+            answer = checked
         if output.returns_ai_message:
             value = ai = _stamped(answer, turn_id)
         else:
@@ -340,7 +382,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
         recorded.append(ai)
         if keep:
             yield COMMIT, (recorded, request, response)
-        return _finish(state, call, value, usage, response, executions, ai, tool_rounds)
+        return _finish(state, call, value, usage, response, executions, ai, tool_rounds, sources)
 
 
 def _stamped(answer: AiMessage, turn_id: str | None) -> AiMessage:
@@ -357,6 +399,66 @@ def _stamped(answer: AiMessage, turn_id: str | None) -> AiMessage:
             "created_at": _now(UTC),
         },
     )
+
+
+def _augmented(user: UserMessage, sources: tuple[str, ...]) -> UserMessage:
+    """The user message as the model is sent it, with what the retriever found."""
+    text = f"{user.text}\n\nAnswer using the following information:\n" + "\n\n".join(sources)
+    return unchecked_message(UserMessage, {**user.__dict__, "text": text})
+
+
+def _checked_text(value: object, guardrail: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"input guardrail {_name(guardrail)} returned {type(value).__name__}; it returns "
+            "None to let the user message pass or a str to replace its text"
+        )
+    return value
+
+
+def _checked_answer(value: object, guardrail: object) -> AiMessage:
+    if isinstance(value, str):
+        return AiMessage(value)
+    if not isinstance(value, AiMessage):
+        raise TypeError(
+            f"output guardrail {_name(guardrail)} returned {type(value).__name__}; it returns "
+            "None to let the answer pass, or an AiMessage or a str to replace it"
+        )
+    return value
+
+
+def _checked_sources(found: object, retriever: object) -> tuple[str, ...]:
+    if isinstance(found, str) or not isinstance(found, Iterable):
+        raise TypeError(
+            f"retriever {_name(retriever)} returned {type(found).__name__}; it returns a "
+            "sequence of texts (list[str])"
+        )
+    sources = tuple(found)
+    for text in sources:
+        if not isinstance(text, str):
+            raise TypeError(
+                f"retriever {_name(retriever)} returned a {type(text).__name__} among its "
+                "texts; each must be a str"
+            )
+    return sources
+
+
+def _transformed(
+    transform: Callable[[ChatRequest, Hashable], ChatRequest],
+    request: ChatRequest,
+    memory_id: Hashable,
+) -> ChatRequest:
+    changed = transform(request, memory_id)
+    if not isinstance(changed, ChatRequest):
+        raise TypeError(
+            f"request_transformer {_name(transform)} returned {type(changed).__name__}; it "
+            "returns a ChatRequest (dataclasses.replace(request, ...) makes one)"
+        )
+    return changed
+
+
+def _name(function: object) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
 
 
 def _feedback(error: ValueError, response_format: ResponseFormat | None) -> UserMessage:
@@ -387,12 +489,21 @@ def _finish(  # noqa: PLR0917 - private, called from the turn's two ends
     executions: list[ToolExecution],
     ai: AiMessage | None,
     tool_rounds: int,
+    sources: tuple[str, ...],
 ) -> Any:
     plan = call.plan
     info = call.info
     result: Result[Any] | None = None
     if plan.wraps_result or info is not None:
-        result = Result(value, usage, response.finish_reason, tuple(executions), call.memory_id, ai)
+        result = Result(
+            value,
+            usage,
+            response.finish_reason,
+            tuple(executions),
+            call.memory_id,
+            ai,
+            sources,
+        )
         if info is not None and state.hooks is not None:
             emit(state.hooks.on_call_end, info, result)
     if logger.isEnabledFor(logging.DEBUG):

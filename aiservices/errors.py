@@ -4,8 +4,12 @@
 AiServiceError
  ├── InterfaceError    (also TypeError)   the Protocol cannot become a service
  ├── OutputParseError  (also ValueError)  the model's answer never parsed
- └── ToolLimitError                       too many tool rounds in one call
+ ├── ToolLimitError                       too many tool rounds in one call
+ └── GuardrailError                       a guardrail refused the input or the answer
 ```
+
+``Reprompt`` is not an error a call raises: an output guardrail raises it to have the
+model asked again.
 
 Provider and store errors keep their own types (an ``openai.RateLimitError``, a
 ``sqlite3.OperationalError``) and are never wrapped or swallowed.
@@ -15,7 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["AiServiceError", "InterfaceError", "OutputParseError", "ToolLimitError"]
+__all__ = [
+    "AiServiceError",
+    "GuardrailError",
+    "InterfaceError",
+    "OutputParseError",
+    "Reprompt",
+    "ToolLimitError",
+]
 
 
 class AiServiceError(Exception):
@@ -57,3 +68,26 @@ class ToolLimitError(AiServiceError):
     def __init__(self, message: str, *, limit: int) -> None:
         super().__init__(message)
         self.limit = limit
+
+
+class GuardrailError(AiServiceError):
+    """A guardrail refused the call's input or its answer; nothing of the turn was recorded.
+
+    ``reason`` is the guardrail's own words.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Reprompt(Exception):
+    """Raised by an output guardrail: ask the model again, telling it ``reason``.
+
+    Neither the rejected answer nor the reason is recorded; after ``max_output_retries``
+    reprompts the call raises ``GuardrailError``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, overload
 
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import UserMessage
 
 if TYPE_CHECKING:
-    from .models import ChatModel, ChatRequestParameters
+    from collections.abc import Awaitable
+
+    from .guardrails import InputGuardrail, OutputGuardrail
+    from .models import ChatModel, ChatRequest, ChatRequestParameters
+
+Retriever: TypeAlias = "Callable[[str, Hashable], Sequence[str] | Awaitable[Sequence[str]]]"
+"""Finds texts for a call: ``(query, memory_id) -> Sequence[str]``, or ``async def``."""
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
@@ -51,6 +57,10 @@ def ai_service(
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
     listeners: Sequence[object] = (),
+    input_guardrails: Sequence[InputGuardrail] = (),
+    output_guardrails: Sequence[OutputGuardrail] = (),
+    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    retriever: Retriever | None = None,
 ) -> T: ...
 
 
@@ -69,6 +79,10 @@ def ai_service(
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
     listeners: Sequence[object] = (),
+    input_guardrails: Sequence[InputGuardrail] = (),
+    output_guardrails: Sequence[OutputGuardrail] = (),
+    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    retriever: Retriever | None = None,
 ) -> Callable[[Callable[..., T]], T]: ...
 
 
@@ -88,6 +102,10 @@ def ai_service(
     parameters: ChatRequestParameters | None = None,
     chat_memory_cache_size: int = 10_000,
     listeners: Sequence[object] = (),
+    input_guardrails: Sequence[InputGuardrail] = (),
+    output_guardrails: Sequence[OutputGuardrail] = (),
+    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    retriever: Retriever | None = None,
 ) -> T | Callable[[Callable[..., T]], T]:
     """Build an object implementing every method of ``interface`` (a ``typing.Protocol``).
 
@@ -103,7 +121,11 @@ def ai_service(
     request)`` returns the text the model sees for a failed tool call, or raises to end the
     call. ``parameters`` are sent with every request (temperature, max tokens...).
     ``listeners`` see each call, request, response, tool run and error (see
-    ``aiservices.observability``).
+    ``aiservices.observability``). ``input_guardrails`` and ``output_guardrails`` check
+    each call's user message and answer (see ``aiservices.guardrails``);
+    ``request_transformer(request, memory_id)`` may change every model request of a call,
+    last, without the memory seeing it; ``retriever(query, memory_id)`` returns texts that go
+    with the user message to the model (not to the memory) and into ``Result.sources``.
     """
     options: dict[str, Any] = {
         "model": model,
@@ -118,6 +140,10 @@ def ai_service(
         "parameters": parameters,
         "chat_memory_cache_size": chat_memory_cache_size,
         "listeners": listeners,
+        "input_guardrails": input_guardrails,
+        "output_guardrails": output_guardrails,
+        "request_transformer": request_transformer,
+        "retriever": retriever,
     }
     # The builder, and the runner it wires in, load here rather than at `import aiservices`.
     from ._build import build

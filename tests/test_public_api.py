@@ -52,6 +52,15 @@ EXPECTED = {
     "system_message",
     "tool",
     "user_message",
+    # guardrails and typed event streams
+    "GuardrailError",
+    "Reprompt",
+    "guardrails",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCallStarted",
+    "ToolCallFinished",
+    "TurnCompleted",
 }
 
 
