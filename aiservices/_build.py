@@ -167,9 +167,7 @@ def _with_guardrails(
                 "guardrails could check it; give the output guardrails to the other methods "
                 "with @guardrails(output=[...])"
             )
-        merged[name] = dataclasses.replace(
-            plan, input_guardrails=inputs, output_guardrails=outputs
-        )
+        merged[name] = dataclasses.replace(plan, input_guardrails=inputs, output_guardrails=outputs)
     if problems:
         raise InterfaceError(problems)
     return merged
@@ -251,9 +249,13 @@ def build(
         ("input_guardrails", input_guardrails),
         ("output_guardrails", output_guardrails),
     ):
-        problems += [f"{name}[{i}]: {g!r} is not callable" for i, g in enumerate(given) if not callable(g)]
+        problems += [
+            f"{name}[{i}]: {g!r} is not callable" for i, g in enumerate(given) if not callable(g)
+        ]
     if request_transformer is not None and not callable(request_transformer):
-        problems.append("request_transformer must be a callable (request, memory_id) -> ChatRequest")
+        problems.append(
+            "request_transformer must be a callable (request, memory_id) -> ChatRequest"
+        )
     if retriever is not None and not callable(retriever):
         problems.append("retriever must be a callable (query, memory_id) -> Sequence[str]")
     if problems:

@@ -12,13 +12,19 @@ from typing import Annotated, Protocol, assert_type
 from pydantic import BaseModel
 
 from aiservices import (
+    AiMessage,
     ChatMemory,
+    GuardrailError,
     ChatMemoryAccess,
     MemoryId,
     MessageWindowChatMemory,
     Result,
+    StreamEvent,
+    TextDelta,
     TextStream,
+    TurnCompleted,
     ai_service,
+    guardrails,
     system_message,
     tool,
     user_message,
@@ -48,6 +54,11 @@ class Assistant(ChatMemoryAccess, Protocol):
     def stream_with_usage(self, user: Annotated[str, MemoryId], message: str) -> TextStream: ...
 
     async def astream(self, user: Annotated[str, MemoryId], message: str) -> AsyncIterator[str]: ...
+
+    def events(self, user: Annotated[str, MemoryId], message: str) -> Iterator[StreamEvent]: ...
+
+    @guardrails(input=[lambda text: None])
+    def guarded(self, text: str) -> str: ...
 
 
 @tool
@@ -92,6 +103,32 @@ streamed = bot.stream_with_usage("alice", "Hi")
 if streamed.result is not None:
     assert_type(streamed.result.content, str)
 
+
+for event in bot.events("alice", "Hi"):
+    if isinstance(event, TextDelta):
+        assert_type(event.text, str)
+    elif isinstance(event, TurnCompleted):
+        assert_type(event.result, Result[str])
+assert_type(bot.guarded("hi"), str)
+
+
+def refuse_insults(message: AiMessage) -> str | None:
+    if message.text and "stupid" in message.text:
+        raise GuardrailError("insult")
+    return None
+
+
+class Plain(Protocol):
+    def chat(self, text: str) -> str: ...
+
+
+guarded_bot = ai_service(
+    Plain,
+    model=ScriptedChatModel(default="ok"),
+    output_guardrails=[refuse_insults],
+    retriever=lambda query, memory_id: [f"about {query}"],
+)
+assert_type(guarded_bot, Plain)
 
 memory_id: Hashable = "alice"
 bot.evict_chat_memory(memory_id)

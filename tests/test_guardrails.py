@@ -1,0 +1,257 @@
+"""Input and output guardrails: pass, rewrite, refuse, reprompt; sync and async; per
+service and per method. A refused or reprompted turn leaves the store byte for byte as it
+was, on the in-memory and the SQLite store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Annotated, Any, Protocol
+
+import pytest
+from _recorded import StoreUnderTest, store_under_test
+from pydantic import BaseModel
+
+from aiservices import (
+    AiMessage,
+    ChatMemoryAccess,
+    GuardrailError,
+    InterfaceError,
+    MemoryId,
+    MessageWindowChatMemory,
+    Reprompt,
+    Result,
+    UserMessage,
+    ai_service,
+    guardrails,
+)
+from aiservices.testing import ScriptedChatModel
+
+__all__ = ["store_under_test"]  # a fixture, used by name
+
+
+def no_secrets(text: str) -> str | None:
+    if "password" in text:
+        raise GuardrailError("the message holds a password")
+    return None
+
+
+def redact(text: str) -> str | None:
+    return text.replace("4111-1111", "[card]") if "4111-1111" in text else None
+
+
+def polite(message: AiMessage) -> AiMessage | str | None:
+    if message.text and "stupid" in message.text:
+        raise Reprompt("Answer politely, without insults.")
+    return None
+
+
+def shout(message: AiMessage) -> str:
+    return (message.text or "").upper()
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    @guardrails(output=[shout])
+    def loud(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+def _bot(model: ScriptedChatModel, found: StoreUnderTest, **options: Any) -> Bot:
+    return ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20, store=found.store),
+        **options,
+    )
+
+
+def _texts(bot: Bot) -> list[str | None]:
+    return [m.text for m in bot.get_chat_memory("u").messages()]
+
+
+def test_an_input_refusal_never_calls_the_model_and_records_nothing(
+    store_under_test: StoreUnderTest,
+) -> None:
+    model = ScriptedChatModel("Hello!", "never")
+    bot = _bot(model, store_under_test, input_guardrails=[no_secrets])
+    bot.chat("u", "hi")
+    before = store_under_test.snapshot()
+    with pytest.raises(GuardrailError, match="holds a password") as raised:
+        bot.chat("u", "my password is hunter2")
+    assert raised.value.reason == "the message holds a password"
+    assert len(model.requests) == 1
+    assert store_under_test.snapshot() == before
+    assert _texts(bot) == ["hi", "Hello!"]
+
+
+def test_an_input_rewrite_is_what_the_model_sees_and_the_memory_keeps(
+    store_under_test: StoreUnderTest,
+) -> None:
+    model = ScriptedChatModel("Noted.")
+    bot = _bot(model, store_under_test, input_guardrails=[no_secrets, redact])
+    bot.chat("u", "my card is 4111-1111")
+    assert model.requests[0].messages == [UserMessage("my card is [card]")]
+    assert _texts(bot) == ["my card is [card]", "Noted."]
+
+
+def test_an_output_rewrite_replaces_the_answer_returned_and_recorded(
+    store_under_test: StoreUnderTest,
+) -> None:
+    bot = _bot(ScriptedChatModel("calm down"), store_under_test)
+    assert bot.loud("u", "hey") == "CALM DOWN"
+    assert _texts(bot) == ["hey", "CALM DOWN"]
+
+
+def test_an_output_refusal_raises_and_records_nothing(store_under_test: StoreUnderTest) -> None:
+    def refuse(message: AiMessage) -> None:
+        raise GuardrailError("off topic")
+
+    model = ScriptedChatModel("Hello!", "about football")
+    bot = _bot(model, store_under_test)
+    bot.chat("u", "hi")
+    before = store_under_test.snapshot()
+    refusing = _bot(model, store_under_test, output_guardrails=[refuse])
+    with pytest.raises(GuardrailError, match="off topic"):
+        refusing.chat("u", "tell me about football")
+    assert store_under_test.snapshot() == before
+
+
+def test_a_reprompt_asks_again_and_records_neither_the_rejected_answer_nor_the_reason(
+    store_under_test: StoreUnderTest,
+) -> None:
+    model = ScriptedChatModel("That is a stupid question.", "Happy to help!")
+    bot = _bot(model, store_under_test, output_guardrails=[polite])
+    assert bot.chat("u", "help?") == "Happy to help!"
+    second = model.requests[1].messages
+    assert second == [
+        UserMessage("help?"),
+        AiMessage("That is a stupid question."),
+        UserMessage("Answer politely, without insults."),
+    ]
+    assert _texts(bot) == ["help?", "Happy to help!"]
+    history = store_under_test.store.get_messages("u")
+    assert [m.text for m in history] == ["help?", "Happy to help!"]
+    assert history[0].turn_id == history[1].turn_id
+
+
+def test_reprompts_are_bounded_by_max_output_retries(store_under_test: StoreUnderTest) -> None:
+    model = ScriptedChatModel("Hello!", default="stupid again")
+    bot = _bot(model, store_under_test, output_guardrails=[polite], max_output_retries=2)
+    bot.chat("u", "hi")
+    before = store_under_test.snapshot()
+    with pytest.raises(GuardrailError, match=r"after 2 reprompt\(s\): Answer politely") as raised:
+        bot.chat("u", "help?")
+    assert isinstance(raised.value.__cause__, Reprompt)
+    assert len(model.requests) == 1 + 3  # the first answer and two reprompts
+    assert store_under_test.snapshot() == before
+
+
+def test_the_methods_guardrails_run_after_the_services() -> None:
+    seen: list[str] = []
+
+    def service_first(message: AiMessage) -> str:
+        seen.append(f"service saw {message.text}")
+        return f"{message.text}!"
+
+    class Ordered(Protocol):
+        @guardrails(output=[shout])
+        def chat(self, text: str) -> str: ...
+
+    bot = ai_service(Ordered, model=ScriptedChatModel("hi"), output_guardrails=[service_first])
+    assert bot.chat("x") == "HI!"
+    assert seen == ["service saw hi"]
+
+
+def test_output_guardrails_see_the_answer_before_it_is_parsed() -> None:
+    class Verdict(BaseModel):
+        score: int
+
+    class Judge(Protocol):
+        def judge(self, text: str) -> Verdict: ...
+
+    def fix_json(message: AiMessage) -> str:
+        return (message.text or "").replace("'", '"')
+
+    bot = ai_service(Judge, model=ScriptedChatModel("{'score': 3}"), output_guardrails=[fix_json])
+    assert bot.judge("x") == Verdict(score=3)
+
+
+def test_a_guardrail_that_returns_something_else_is_a_type_error_naming_it() -> None:
+    def wrong(text: str) -> int:
+        return 3
+
+    class Plain(Protocol):
+        def chat(self, text: str) -> str: ...
+
+    bot = ai_service(Plain, model=ScriptedChatModel("x"), input_guardrails=[wrong])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"input guardrail .*wrong returned int"):
+        bot.chat("hi")
+
+
+class AsyncBot(ChatMemoryAccess, Protocol):
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    async def detailed(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
+def test_async_guardrails_are_awaited_in_async_calls(store_under_test: StoreUnderTest) -> None:
+    async def slow_redact(text: str) -> str:
+        await asyncio.sleep(0)
+        return text.replace("secret", "[hidden]")
+
+    async def slow_polite(message: AiMessage) -> None:
+        await asyncio.sleep(0)
+        if message.text and "stupid" in message.text:
+            raise Reprompt("Be nice.")
+
+    model = ScriptedChatModel("stupid", "Fine.")
+    bot = ai_service(
+        AsyncBot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(
+            max_messages=20, store=store_under_test.store
+        ),
+        input_guardrails=[slow_redact],
+        output_guardrails=[slow_polite],
+    )
+    assert asyncio.run(bot.chat("u", "my secret")) == "Fine."
+    assert [m.text for m in bot.get_chat_memory("u").messages()] == ["my [hidden]", "Fine."]
+    assert model.requests[1].messages[-1] == UserMessage("Be nice.")
+
+
+def test_an_async_guardrail_on_a_sync_method_fails_the_build() -> None:
+    async def checker(text: str) -> None:
+        return None
+
+    class Mixed(Protocol):
+        def chat(self, text: str) -> str: ...
+
+        async def achat(self, text: str) -> str: ...
+
+    with pytest.raises(
+        InterfaceError, match=r"Mixed.chat\(\): the input guardrail .*checker is async"
+    ):
+        ai_service(Mixed, model=ScriptedChatModel("x"), input_guardrails=[checker])
+
+
+def test_output_guardrails_on_a_streaming_method_fail_the_build() -> None:
+    class Streaming(Protocol):
+        def stream(self, text: str) -> Iterator[str]: ...
+
+    with pytest.raises(InterfaceError, match=r"Streaming.stream\(\): a streaming method shows"):
+        ai_service(Streaming, model=ScriptedChatModel("x"), output_guardrails=[shout])
+    # Input guardrails are fine on a stream: they run before the model is asked.
+    bot = ai_service(Streaming, model=ScriptedChatModel("x"), input_guardrails=[redact])
+    assert list(bot.stream("4111-1111")) == ["x"]
+
+
+def test_guardrails_rejects_what_is_not_callable() -> None:
+    with pytest.raises(TypeError, match="takes callables"):
+        guardrails(input=["nope"])  # type: ignore[list-item]
+
+    class Plain(Protocol):
+        def chat(self, text: str) -> str: ...
+
+    with pytest.raises(InterfaceError, match=r"output_guardrails\[0\]"):
+        ai_service(Plain, model=ScriptedChatModel("x"), output_guardrails=[42])  # type: ignore[list-item]

@@ -1,0 +1,207 @@
+"""The retriever and the request transformer: the model sees what they add or change; the
+memory keeps only what the user said and the answers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Annotated, Protocol
+
+import pytest
+from _recorded import StoreUnderTest, store_under_test
+
+from aiservices import (
+    ChatMemoryAccess,
+    ChatRequest,
+    InterfaceError,
+    MemoryId,
+    MessageWindowChatMemory,
+    Result,
+    SystemMessage,
+    UserMessage,
+    ai_service,
+)
+from aiservices.testing import ScriptedChatModel
+
+__all__ = ["store_under_test"]
+
+DOCS = {
+    "refund": "Refunds take 5 days.",
+    "shipping": "Shipping is free over 50 EUR.",
+}
+
+
+def retrieve(query: str, memory_id: Hashable) -> list[str]:
+    return [text for word, text in DOCS.items() if word in query]
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
+class AsyncBot(ChatMemoryAccess, Protocol):
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> Result[str]: ...
+
+
+def _provider(found: StoreUnderTest) -> MessageWindowChatMemory.provider:  # type: ignore[valid-type]
+    return MessageWindowChatMemory.provider(max_messages=20, store=found.store)
+
+
+def test_retrieved_texts_reach_the_model_and_the_sources_not_the_memory(
+    store_under_test: StoreUnderTest,
+) -> None:
+    model = ScriptedChatModel("5 days, and shipping is free over 50.")
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=_provider(store_under_test), retriever=retrieve
+    )
+    result = bot.chat("u", "refund and shipping?")
+    assert result.sources == ("Refunds take 5 days.", "Shipping is free over 50 EUR.")
+    sent = model.requests[0].messages[-1]
+    assert isinstance(sent, UserMessage)
+    assert sent.text.startswith("refund and shipping?\n\n")
+    assert "Refunds take 5 days.\n\nShipping is free over 50 EUR." in sent.text
+    stored = store_under_test.store.get_messages("u")
+    assert [m.text for m in stored] == ["refund and shipping?", result.content]
+    # The message sent and the message recorded are the same message: the same id.
+    assert sent.message_id == stored[0].message_id
+
+
+def test_without_a_retriever_sources_are_empty_and_nothing_is_added() -> None:
+    model = ScriptedChatModel("ok")
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5)
+    )
+    assert bot.chat("u", "refund?").sources == ()
+    assert model.requests[0].messages == [UserMessage("refund?")]
+
+
+def test_a_retriever_that_finds_nothing_leaves_the_message_as_it_is() -> None:
+    model = ScriptedChatModel("ok")
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=retrieve,
+    )
+    assert bot.chat("u", "hello").sources == ()
+    assert model.requests[0].messages == [UserMessage("hello")]
+
+
+def test_a_retriever_that_raises_fails_the_call_with_nothing_recorded(
+    store_under_test: StoreUnderTest,
+) -> None:
+    def broken(query: str, memory_id: Hashable) -> Sequence[str]:
+        raise ConnectionError("vector store down")
+
+    model = ScriptedChatModel("one", "two")
+    ai_service(Bot, model=model, chat_memory_provider=_provider(store_under_test)).chat("u", "hi")
+    before = store_under_test.snapshot()
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=_provider(store_under_test), retriever=broken
+    )
+    with pytest.raises(ConnectionError, match="vector store down"):
+        bot.chat("u", "refund?")
+    assert store_under_test.snapshot() == before
+    assert len(model.requests) == 1
+
+
+def test_the_retrieved_texts_stay_in_the_requests_of_every_tool_round() -> None:
+    from aiservices import AiMessage, ToolExecutionRequest, tool
+
+    @tool
+    def order(number: str) -> str:
+        """An order's status."""
+        return "shipped"
+
+    model = ScriptedChatModel(
+        AiMessage(tool_execution_requests=[ToolExecutionRequest("c1", "order", '{"number": "7"}')]),
+        "Shipped; refunds take 5 days.",
+    )
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        tools=[order],
+        retriever=retrieve,
+    )
+    bot.chat("u", "order 7 and a refund?")
+    for request in model.requests:
+        assert "Refunds take 5 days." in (request.messages[0].text or "")
+    assert bot.get_chat_memory("u").messages()[0].text == "order 7 and a refund?"
+
+
+def test_an_async_retriever_is_awaited_in_async_calls() -> None:
+    async def aretrieve(query: str, memory_id: Hashable) -> list[str]:
+        await asyncio.sleep(0)
+        return [f"about {query} for {memory_id}"]
+
+    model = ScriptedChatModel("ok")
+    bot = ai_service(
+        AsyncBot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=aretrieve,
+    )
+    result = asyncio.run(bot.chat("alice", "tea"))
+    assert result.sources == ("about tea for alice",)
+    with pytest.raises(InterfaceError, match=r"the retriever .*aretrieve is async"):
+        ai_service(
+            Bot,
+            model=model,
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+            retriever=aretrieve,
+        )
+
+
+def test_a_retriever_must_return_texts() -> None:
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel("ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=lambda query, memory_id: "one text",  # type: ignore[arg-type,return-value]
+    )
+    with pytest.raises(TypeError, match="returns a sequence of texts"):
+        bot.chat("u", "hi")
+
+
+def test_the_request_transformer_changes_every_request_and_never_the_memory(
+    store_under_test: StoreUnderTest,
+) -> None:
+    seen: list[Hashable] = []
+
+    def with_date(request: ChatRequest, memory_id: Hashable) -> ChatRequest:
+        seen.append(memory_id)
+        return dataclasses.replace(
+            request, messages=[SystemMessage("Today is Monday."), *request.messages]
+        )
+
+    model = ScriptedChatModel("not a number", "3")
+
+    class Counter(ChatMemoryAccess, Protocol):
+        def count(self, user: Annotated[str, MemoryId], text: str) -> int: ...
+
+    bot = ai_service(
+        Counter,
+        model=model,
+        chat_memory_provider=_provider(store_under_test),
+        request_transformer=with_date,
+    )
+    assert bot.count("u", "three things") == 3
+    assert seen == ["u", "u"]  # the first request and the retry
+    for request in model.requests:
+        assert request.messages[0] == SystemMessage("Today is Monday.")
+    assert [m.text for m in store_under_test.store.get_messages("u")] == ["three things", "3"]
+
+
+def test_a_request_transformer_must_return_a_request() -> None:
+    class Plain(Protocol):
+        def chat(self, text: str) -> str: ...
+
+    bot = ai_service(
+        Plain,
+        model=ScriptedChatModel("x"),
+        request_transformer=lambda request, memory_id: None,  # type: ignore[arg-type,return-value]
+    )
+    with pytest.raises(TypeError, match="returns a ChatRequest"):
+        bot.chat("hi")
