@@ -29,6 +29,9 @@ RUNNABLE_PAGES = [
     "getting-started.md",
     "prompts.md",
     "streaming.md",
+    "events.md",
+    "guardrails.md",
+    "retrieval.md",
     "observability.md",
     "coming-from-langchain4j.md",
 ]
