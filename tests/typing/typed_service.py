@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from aiservices import (
     AiMessage,
     ChatMemory,
-    GuardrailError,
     ChatMemoryAccess,
+    GuardrailError,
     MemoryId,
     MessageWindowChatMemory,
     Result,
