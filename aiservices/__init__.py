@@ -32,6 +32,7 @@ from .messages import (
     messages_to_json,
 )
 from .prompts import system_message, user_message
+from .scopes import MemoryScope, current_memory_scope, memory_scope
 from .service import ChatMemoryAccess, ai_service
 from .stores import ChatMemoryStore
 
@@ -115,6 +116,7 @@ __all__ = [
     "InMemoryChatMemoryStore",
     "InterfaceError",
     "MemoryId",
+    "MemoryScope",
     "MessageWindowChatMemory",
     "OutputParseError",
     "PostgresChatMemoryStore",
@@ -143,7 +145,9 @@ __all__ = [
     "UserName",
     "V",
     "ai_service",
+    "current_memory_scope",
     "guardrails",
+    "memory_scope",
     "messages_from_json",
     "messages_to_json",
     "system_message",

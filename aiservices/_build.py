@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._conversations import Conversation, Conversations, key_of
+from ._conversations import Conversation, Conversations
 from ._hooks import Hooks
 from ._plan import plan_interface
 from ._runner import events_async, events_sync, run_async, run_sync, stream_async, stream_sync
@@ -17,7 +17,7 @@ from ._turn import ServiceState
 from .errors import InterfaceError
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
-from .messages import UserMessage
+from .messages import ChatMessage, UserMessage
 from .models import ChatModel, ChatRequest, ChatRequestParameters
 from .models._registry import PROVIDERS, parse_model_spec
 
@@ -36,48 +36,25 @@ class _ServiceBase:
     _state: ServiceState
 
     def get_chat_memory(self, memory_id: Hashable) -> ChatMemory:
-        state = self._state
-        single = state.single
-        if not state.conversations.has_provider:
-            if single is not None and memory_id == single.memory.id:
-                return single.memory
-            raise LookupError(
-                f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
-            )
-        return state.conversations.get(memory_id, key_of(memory_id)).memory
+        return self._state.conversation_of(memory_id)[0].memory
+
+    async def aget_chat_memory(self, memory_id: Hashable) -> ChatMemory:
+        return (await self._state.aconversation_of(memory_id))[0].memory
 
     def evict_chat_memory(self, memory_id: Hashable) -> None:
-        self._state.conversations.evict(key_of(memory_id))
+        self._state.evict(memory_id)
+
+    async def aevict_chat_memory(self, memory_id: Hashable) -> None:
+        self._state.evict(memory_id)  # never waits: a conversation in use stays
 
     def forget(self, memory_id: Hashable) -> None:
-        state = self._state
-        conversations = state.conversations
-        key: str | None = None
-        if conversations.has_provider:
-            key = key_of(memory_id)
-            conversation = conversations.get(memory_id, key)
-        else:
-            self.get_chat_memory(memory_id)  # a LookupError for an id the service lacks
-            assert state.single is not None
-            conversation = state.single
-        # Hold the turn lock as a call would, so that no turn runs during the erase.
-        conversation = conversations.hold(conversation, memory_id, key)
-        try:
-            _erase(conversation.memory)
-        finally:
-            conversation.lock.release()
-        if key is not None:
-            conversations.evict(key)
+        self._state.forget(memory_id)
+
+    async def aforget(self, memory_id: Hashable) -> None:
+        await self._state.aforget(memory_id)
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} service>"
-
-
-def _erase(memory: ChatMemory) -> None:
-    memory.clear()
-    forget = getattr(getattr(memory, "store", None), "forget", None)
-    if forget is not None:
-        forget(memory.id)
 
 
 def _method(plan: MethodPlan) -> Callable[..., Any]:
@@ -222,6 +199,7 @@ def build(
     output_guardrails: Sequence[Callable[..., Any]],
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None,
     retriever: Callable[..., Any] | None,
+    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None,
     localns: dict[str, Any] | None,
 ) -> T:
     chat_model, model_spec = _check_model(model)
@@ -256,6 +234,8 @@ def build(
         problems.append(
             "request_transformer must be a callable (request, memory_id) -> ChatRequest"
         )
+    if seed_memory is not None and not callable(seed_memory):
+        problems.append("seed_memory must be a callable memory_id -> Sequence[ChatMessage]")
     if retriever is not None and not callable(retriever):
         problems.append("retriever must be a callable (query, memory_id) -> Sequence[str]")
     if problems:
@@ -279,6 +259,7 @@ def build(
         parameters=parameters or ChatRequestParameters(),
         hooks=Hooks(listeners) if listeners else None,
         retriever=retriever,
+        seed_memory=seed_memory,
         request_transformer=request_transformer,
     )
     assert isinstance(interface, type)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
 from ._locks import TurnLock
@@ -19,7 +19,7 @@ from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .stores._base import store_key
 
-__all__ = ["Conversation", "Conversations", "key_of"]
+__all__ = ["Conversation", "Conversations", "erase", "key_of", "settled"]
 
 
 def key_of(memory_id: Hashable) -> str:
@@ -90,9 +90,39 @@ class Conversations:
             return entry
         return self._make(memory_id, key)
 
-    def find(self, key: str) -> Conversation | None:
-        """The cached conversation of ``key``, or ``None``; never calls the provider."""
-        return self._table.get(key)
+    async def aget(self, memory_id: Hashable, key: str) -> Conversation:
+        """:meth:`get` for a task: a provider that makes a memory runs in a worker thread."""
+        entry = self._table.get(key)
+        if entry is not None:
+            return entry
+        import asyncio
+
+        return await asyncio.to_thread(self.get, memory_id, key)
+
+    def forget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
+        """Erase ``entry``'s conversation (memory, stored messages, history), between turns."""
+        entry = self.hold(entry, memory_id, key)
+        try:
+            erase(entry.memory)
+        finally:
+            entry.lock.release()
+        if key is not None:
+            self.evict(key)
+
+    async def aforget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
+        """:meth:`forget` without blocking the event loop."""
+        entry = await self.ahold(entry, memory_id, key)
+        try:
+            if entry.blocking:
+                import asyncio
+
+                await settled(asyncio.to_thread(erase, entry.memory))
+            else:
+                erase(entry.memory)
+        finally:
+            entry.lock.release()
+        if key is not None:
+            self.evict(key)
 
     def _make(self, memory_id: Hashable, key: str) -> Conversation:
         provider = self._provider
@@ -178,3 +208,30 @@ def _retire(table: OrderedDict[str, Conversation], key: str, entry: Conversation
     del table[key]
     entry.lock.release()
     return True
+
+
+def erase(memory: ChatMemory) -> None:
+    """Clear ``memory`` and, when its store keeps history, erase that too."""
+    memory.clear()
+    forget = getattr(getattr(memory, "store", None), "forget", None)
+    if forget is not None:
+        forget(memory.id)
+
+
+async def settled(write: Coroutine[Any, Any, Any]) -> Any:
+    """Await a write to its end, even when the caller is cancelled meanwhile.
+
+    A cancelled caller must not be told the call failed while the write goes on and lands
+    (in a worker thread, or a request already sent to a server): the write runs as a task
+    of its own, the conversation's lock stays held until it has finished, and the caller
+    gets its outcome: the answer when the turn was written, the store's error when not.
+    """
+    import asyncio
+
+    task = asyncio.ensure_future(write)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise  # the write itself was cancelled (its loop is closing): nothing landed

@@ -29,7 +29,16 @@ __all__ = ["CallKind", "MethodPlan", "plan_interface"]
 CallKind = Literal["sync", "async", "stream", "astream", "events", "aevents"]
 
 # Members every service object has; an interface may declare them (ChatMemoryAccess).
-ACCESS_METHODS: Final = frozenset({"get_chat_memory", "evict_chat_memory", "forget"})
+ACCESS_METHODS: Final = frozenset(
+    {
+        "get_chat_memory",
+        "evict_chat_memory",
+        "forget",
+        "aget_chat_memory",
+        "aevict_chat_memory",
+        "aforget",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ._conversations import settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
 from ._text_streams import AsyncTextStream, TextStream
 from ._turn import (
@@ -328,7 +329,7 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         messages, request, response = argument
         memory = conversation.memory  # type: ignore[union-attr]
         if conversation.blocking:  # type: ignore[union-attr]
-            await _settled(_amemory(memory, "aadd", memory.add, *messages))
+            await settled(_amemory(memory, "aadd", memory.add, *messages))
         else:
             memory.add(*messages)
         _observe(conversation, request, response)  # type: ignore[arg-type]
@@ -359,25 +360,6 @@ def _amemory(
     import asyncio
 
     return asyncio.to_thread(blocking, *args)
-
-
-async def _settled(write: Coroutine[Any, Any, Any]) -> Any:
-    """Await a commit to its end, even when the caller is cancelled meanwhile.
-
-    A cancelled caller must not be told the call failed while the write goes on and lands
-    (in a worker thread, or a request already sent to a server): the write runs as a task
-    of its own, the conversation's lock stays held until it has finished, and the caller
-    gets its outcome: the answer when the turn was written, the store's error when not.
-    """
-    import asyncio
-
-    task = asyncio.ensure_future(write)
-    while True:
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise  # the write itself was cancelled (its loop is closing): nothing landed
 
 
 # -- shared by the drivers --------------------------------------------------------------

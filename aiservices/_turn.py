@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Generator, Hashable, Iterable
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -38,6 +38,7 @@ from .messages import (
 )
 from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, ResponseFormat
 from .observability import CallInfo
+from .scopes import current_scope
 
 if TYPE_CHECKING:
     from ._plan import MethodPlan
@@ -90,6 +91,7 @@ class ServiceState:
     parameters: ChatRequestParameters
     hooks: Hooks | None = None
     retriever: Callable[..., Any] | None = None
+    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None
     model_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,6 +107,47 @@ class ServiceState:
                     self.model = resolve_model(self.model_spec)
                 model = self.model
         return model
+
+    # -- the conversations, as ChatMemoryAccess and scopes reach them ------------------
+
+    def conversation_of(self, memory_id: Hashable) -> tuple[Conversation, str | None]:
+        """The conversation kept for ``memory_id`` (made on a miss) and its cache key."""
+        conversations = self.conversations
+        if conversations.has_provider:
+            key = key_of(memory_id)
+            return conversations.get(memory_id, key), key
+        return self._single(memory_id), None
+
+    async def aconversation_of(self, memory_id: Hashable) -> tuple[Conversation, str | None]:
+        """:meth:`conversation_of` without blocking the event loop on a provider."""
+        conversations = self.conversations
+        if conversations.has_provider:
+            key = key_of(memory_id)
+            return await conversations.aget(memory_id, key), key
+        return self._single(memory_id), None
+
+    def _single(self, memory_id: Hashable) -> Conversation:
+        single = self.single
+        if single is None or key_of(memory_id) != key_of(single.memory.id):
+            raise LookupError(
+                f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
+            )
+        return single
+
+    def evict(self, memory_id: Hashable) -> None:
+        """Drop the cached memory of ``memory_id``; the stored conversation stays."""
+        if self.conversations.has_provider:
+            self.conversations.evict(key_of(memory_id))
+
+    def forget(self, memory_id: Hashable) -> None:
+        """Erase the conversation of ``memory_id``: memory, stored messages, history."""
+        conversation, key = self.conversation_of(memory_id)
+        self.conversations.forget(conversation, memory_id, key)
+
+    async def aforget(self, memory_id: Hashable) -> None:
+        """:meth:`forget` without blocking the event loop."""
+        conversation, key = await self.aconversation_of(memory_id)
+        await self.conversations.aforget(conversation, memory_id, key)
 
     def toolbox_for(self, memory_id: Hashable, user: UserMessage) -> Toolbox:
         """The service's tools, with those the tool provider adds for this call."""
@@ -163,7 +206,13 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         conversation = state.single
         memory_id = conversation.memory.id
     elif state.conversations.has_provider:
-        memory_id = key = DEFAULT_MEMORY_ID
+        scope = current_scope()
+        if scope is None:
+            memory_id = key = DEFAULT_MEMORY_ID
+        else:
+            memory_id = scope.memory_id
+            key = key_of(memory_id)
+            scope.used_by(state)
         conversation = state.conversations.get(memory_id, key)
 
     system_template, user_template = plan.system_template, plan.user_template
@@ -229,11 +278,16 @@ def turn(state: ServiceState, call: Call) -> Turn:
         found = yield CALL, (state.retriever, (user_text, call.memory_id))
         sources = _checked_sources(found, state.retriever)
     history: list[ChatMessage] = (yield READ, None) if keep else []
+    recorded: list[ChatMessage] = []
+    if keep and not history and state.seed_memory is not None:
+        # A new conversation starts with the seed, committed with this turn's messages.
+        seed = yield CALL, (state.seed_memory, (call.memory_id,))
+        history = _seeded(seed, state.seed_memory, kept_id, opened_at)
+        recorded = history.copy()  # recorded first; the window the model sees starts with it
 
     # The model sees the system message first, wherever the memory keeps it; a new or
     # changed one replaces the old one and is recorded before the user message.
     system_text = call.system_text
-    recorded: list[ChatMessage] = []
     window = history
     if system_text is not None or SystemMessage in map(type, history):
         kinds = list(map(type, history))
@@ -405,6 +459,30 @@ def _augmented(user: UserMessage, sources: tuple[str, ...]) -> UserMessage:
     """The user message as the model is sent it, with what the retriever found."""
     text = f"{user.text}\n\nAnswer using the following information:\n" + "\n\n".join(sources)
     return unchecked_message(UserMessage, {**user.__dict__, "text": text})
+
+
+def _seeded(
+    seed: object, seed_memory: object, turn_id: str | None, at: datetime | None
+) -> list[ChatMessage]:
+    """The seed's messages, stamped as this turn's."""
+    if isinstance(seed, (str, bytes)) or not isinstance(seed, Iterable):
+        raise TypeError(
+            f"seed_memory {_name(seed_memory)} returned {type(seed).__name__}; it returns "
+            "a sequence of chat messages"
+        )
+    messages: list[ChatMessage] = []
+    for message in seed:
+        if not isinstance(
+            message, (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
+        ):
+            raise TypeError(
+                f"seed_memory {_name(seed_memory)} returned a {type(message).__name__} among "
+                "its messages; each must be a chat message (UserMessage(...), AiMessage(...))"
+            )
+        messages.append(
+            message.with_metadata(message_id=new_message_id(), turn_id=turn_id, created_at=at)
+        )
+    return messages
 
 
 def _checked_text(value: object, guardrail: object) -> str:

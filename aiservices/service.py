@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, overload
 
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
-from .messages import UserMessage
+from .messages import ChatMessage, UserMessage
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -39,6 +39,19 @@ class ChatMemoryAccess(Protocol):
         """Erase the conversation: the cached memory, the stored messages and their history."""
         ...
 
+    async def aget_chat_memory(self, memory_id: Hashable) -> ChatMemory:
+        """:meth:`get_chat_memory` for async code: a provider runs in a worker thread."""
+        ...
+
+    async def aevict_chat_memory(self, memory_id: Hashable) -> None:
+        """:meth:`evict_chat_memory` for async code."""
+        ...
+
+    async def aforget(self, memory_id: Hashable) -> None:
+        """:meth:`forget` for async code: waits for the conversation without blocking the
+        event loop, and erases a blocking store's data in a worker thread."""
+        ...
+
 
 @overload
 def ai_service(
@@ -61,6 +74,7 @@ def ai_service(
     output_guardrails: Sequence[OutputGuardrail] = (),
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
     retriever: Retriever | None = None,
+    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
 ) -> T: ...
 
 
@@ -83,6 +97,7 @@ def ai_service(
     output_guardrails: Sequence[OutputGuardrail] = (),
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
     retriever: Retriever | None = None,
+    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
 ) -> Callable[[Callable[..., T]], T]: ...
 
 
@@ -106,6 +121,7 @@ def ai_service(
     output_guardrails: Sequence[OutputGuardrail] = (),
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
     retriever: Retriever | None = None,
+    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
 ) -> T | Callable[[Callable[..., T]], T]:
     """Build an object implementing every method of ``interface`` (a ``typing.Protocol``).
 
@@ -126,6 +142,8 @@ def ai_service(
     ``request_transformer(request, memory_id)`` may change every model request of a call,
     last, without the memory seeing it; ``retriever(query, memory_id)`` returns texts that go
     with the user message to the model (not to the memory) and into ``Result.sources``.
+    ``seed_memory(memory_id)`` gives a new conversation its first messages (few-shot
+    examples, say), recorded with its first turn.
     """
     options: dict[str, Any] = {
         "model": model,
@@ -144,6 +162,7 @@ def ai_service(
         "output_guardrails": output_guardrails,
         "request_transformer": request_transformer,
         "retriever": retriever,
+        "seed_memory": seed_memory,
     }
     # The builder, and the runner it wires in, load here rather than at `import aiservices`.
     from ._build import build

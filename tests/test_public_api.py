@@ -61,6 +61,10 @@ EXPECTED = {
     "ToolCallStarted",
     "ToolCallFinished",
     "TurnCompleted",
+    # scopes
+    "MemoryScope",
+    "memory_scope",
+    "current_memory_scope",
 }
 
 

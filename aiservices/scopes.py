@@ -1,0 +1,149 @@
+"""Scopes: a conversation tied to a block of code (a web request, a session, a job).
+
+```python
+with memory_scope() as scope:          # a new conversation id, forgotten at the end
+    bot.chat("Hi, I am Ada")           # a method without a MemoryId parameter
+    bot.chat("What is my name?")       # the same conversation: scope.memory_id
+```
+
+Inside the block, a call of a method without a ``MemoryId`` parameter, on a service with a
+``chat_memory_provider``, uses the conversation ``scope.memory_id`` instead of
+``"default"``. The scope travels with ``contextvars``: asyncio tasks created inside see it,
+a thread started inside does not. Leaving the block, normally or by an exception, applies
+``on_exit`` to the conversation of every service that made a call inside it: ``"forget"``
+erases it (memory, stored messages, history), ``"evict"`` drops only the cached memory,
+``"keep"`` leaves it.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Hashable
+from contextvars import ContextVar, Token
+from typing import Final, Literal, Protocol, TypeAlias
+
+__all__ = ["MemoryScope", "OnExit", "current_memory_scope", "memory_scope"]
+
+OnExit: TypeAlias = Literal["forget", "evict", "keep"]
+_ON_EXIT: Final = ("forget", "evict", "keep")
+
+
+class _Service(Protocol):
+    # What a scope asks of a service whose conversation it ends (a ServiceState).
+    def forget(self, memory_id: Hashable) -> None: ...
+
+    async def aforget(self, memory_id: Hashable) -> None: ...
+
+    def evict(self, memory_id: Hashable) -> None: ...
+
+
+_current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope", default=None)
+
+
+class MemoryScope:
+    """An active (or ready) scope: ``memory_id`` is its conversation's id in every service."""
+
+    __slots__ = ("_lock", "_services", "_token", "memory_id", "on_exit")
+
+    def __init__(self, memory_id: Hashable, on_exit: OnExit) -> None:
+        self.memory_id = memory_id
+        self.on_exit = on_exit
+        # The services that made a call inside the block, by identity, in order.
+        self._services: dict[int, _Service] = {}
+        self._lock = threading.Lock()
+        self._token: Token[MemoryScope | None] | None = None
+
+    def __repr__(self) -> str:
+        return f"MemoryScope({self.memory_id!r}, on_exit={self.on_exit!r})"
+
+    def used_by(self, service: _Service) -> None:
+        """Note that ``service`` made a call in this scope (its conversation ends with it)."""
+        services = self._services
+        if id(service) not in services:
+            with self._lock:
+                services.setdefault(id(service), service)
+
+    def _enter(self) -> MemoryScope:
+        if self._token is not None:
+            raise RuntimeError(f"{self!r} is already active; make a new memory_scope(...)")
+        self._token = _current.set(self)
+        return self
+
+    def _leave(self) -> list[_Service]:
+        token, self._token = self._token, None
+        assert token is not None
+        _current.reset(token)
+        with self._lock:
+            services = list(self._services.values())
+            self._services.clear()
+        return services if self.on_exit != "keep" else []
+
+    def __enter__(self) -> MemoryScope:
+        return self._enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        errors: list[Exception] = []
+        for service in self._leave():
+            try:
+                if self.on_exit == "forget":
+                    service.forget(self.memory_id)
+                else:
+                    service.evict(self.memory_id)
+            except Exception as error:  # every service's conversation ends, then we say
+                errors.append(error)
+        _raise(errors)
+
+    async def __aenter__(self) -> MemoryScope:
+        return self._enter()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        errors: list[Exception] = []
+        for service in self._leave():
+            try:
+                if self.on_exit == "forget":
+                    await service.aforget(self.memory_id)
+                else:
+                    service.evict(self.memory_id)
+            except Exception as error:
+                errors.append(error)
+        _raise(errors)
+
+
+def _raise(errors: list[Exception]) -> None:
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup("ending the scope's conversations failed", errors)
+
+
+def memory_scope(
+    memory_id: Hashable | None = None, /, *, on_exit: OnExit = "forget"
+) -> MemoryScope:
+    """A scope for ``with`` or ``async with``: ``memory_id`` or a new uuid4 string.
+
+    ``on_exit``: ``"forget"`` (the default) erases the conversation of every service used
+    inside when the block ends, ``"evict"`` drops only their cached memories, ``"keep"``
+    leaves them.
+    """
+    if on_exit not in _ON_EXIT:
+        raise ValueError(f"on_exit must be 'forget', 'evict' or 'keep', not {on_exit!r}")
+    if memory_id is None:
+        memory_id = str(uuid.uuid4())
+    else:
+        try:
+            hash(memory_id)
+        except TypeError:
+            raise TypeError(
+                f"a scope's memory id must be hashable (a str, int, UUID...), got "
+                f"{type(memory_id).__name__}"
+            ) from None
+    return MemoryScope(memory_id, on_exit)
+
+
+def current_memory_scope() -> MemoryScope | None:
+    """The innermost active scope of this context, or ``None``."""
+    return _current.get()
+
+
+current_scope = _current.get  # for the turn: the lookup without a Python call around it
