@@ -1,0 +1,335 @@
+"""Scopes (memory_scope, current_memory_scope), seeded conversations and async memory access."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import pytest
+
+from aiservices import (
+    AiMessage,
+    ChatMemoryAccess,
+    ChatMessage,
+    InMemoryChatMemoryStore,
+    MemoryId,
+    MemoryScope,
+    MessageWindowChatMemory,
+    SqliteChatMemoryStore,
+    UserMessage,
+    ai_service,
+    current_memory_scope,
+    memory_scope,
+)
+from aiservices.testing import ScriptedChatModel
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, text: str) -> str: ...
+
+    def chat_as(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+class AsyncBot(ChatMemoryAccess, Protocol):
+    async def chat(self, text: str) -> str: ...
+
+
+def _bot(store: Any = None, **options: Any) -> Bot:
+    return ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50, store=store),
+        **options,
+    )
+
+
+def _texts(bot: Any, memory_id: Hashable) -> list[str | None]:
+    return [m.text for m in bot.get_chat_memory(memory_id).messages()]
+
+
+# -- the scope itself -----------------------------------------------------------------
+
+
+def test_a_scope_has_the_id_given_or_a_new_one_and_is_current_inside() -> None:
+    assert current_memory_scope() is None
+    with memory_scope("job-7", on_exit="keep") as scope:
+        assert isinstance(scope, MemoryScope)
+        assert scope.memory_id == "job-7"
+        assert current_memory_scope() is scope
+        with memory_scope() as inner:
+            assert current_memory_scope() is inner
+            assert isinstance(inner.memory_id, str)
+            assert len(inner.memory_id) == 36  # a uuid4 string
+        assert current_memory_scope() is scope
+    assert current_memory_scope() is None
+
+
+def test_a_wrong_on_exit_fails_when_the_scope_is_made() -> None:
+    with pytest.raises(ValueError, match="on_exit must be 'forget', 'evict' or 'keep'"):
+        memory_scope(on_exit="drop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be hashable"):
+        memory_scope(["a"])  # type: ignore[arg-type]
+
+
+def test_calls_without_a_memory_id_use_the_scopes_conversation() -> None:
+    bot = _bot()
+    with memory_scope("ada", on_exit="keep"):
+        bot.chat("Hi, I am Ada")
+        bot.chat_as("bob", "Hi, I am Bob")  # a MemoryId parameter: unaffected
+        with memory_scope("inner", on_exit="keep"):
+            bot.chat("nested")
+        bot.chat("What is my name?")
+    bot.chat("outside")
+    assert _texts(bot, "ada") == ["Hi, I am Ada", "ok", "What is my name?", "ok"]
+    assert _texts(bot, "inner") == ["nested", "ok"]
+    assert _texts(bot, "bob") == ["Hi, I am Bob", "ok"]
+    assert _texts(bot, "default") == ["outside", "ok"]
+
+
+def test_a_service_with_one_memory_is_unaffected() -> None:
+    class One(Protocol):
+        def chat(self, text: str) -> str: ...
+
+    memory = MessageWindowChatMemory(10)
+    bot = ai_service(One, model=ScriptedChatModel(default="ok"), chat_memory=memory)
+    with memory_scope("job"):
+        bot.chat("hi")
+    assert [m.text for m in memory.messages()] == ["hi", "ok"]
+
+
+@pytest.mark.parametrize("raising", [False, True])
+def test_forget_on_exit_erases_every_used_services_conversation(raising: bool) -> None:
+    store = InMemoryChatMemoryStore()
+    first, second, unused = _bot(store), _bot(store), _bot(store)
+    expected = pytest.raises(RuntimeError) if raising else contextlib.nullcontext()
+    with expected, memory_scope("req") as scope:
+        first.chat("to the first")
+        second.chat("to the second")
+        if raising:
+            raise RuntimeError("the request failed")
+    assert store.get_messages("req") == []
+    assert _texts(first, "req") == []
+    assert _texts(second, "req") == []
+    assert scope.memory_id == "req"
+    del unused
+
+
+def test_evict_on_exit_keeps_the_stored_conversation_and_drops_the_cached_memory() -> None:
+    made: list[Hashable] = []
+    store = InMemoryChatMemoryStore()
+
+    def provider(memory_id: Hashable) -> MessageWindowChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id, store=store)
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    with memory_scope("s", on_exit="evict"):
+        bot.chat("hi")
+    assert [m.text for m in store.get_messages("s")] == ["hi", "ok"]
+    assert _texts(bot, "s") == ["hi", "ok"]
+    assert made == ["s", "s"]  # made again after the eviction
+
+
+def test_keep_on_exit_leaves_everything() -> None:
+    made: list[Hashable] = []
+
+    def provider(memory_id: Hashable) -> MessageWindowChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id)
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    with memory_scope("s", on_exit="keep"):
+        bot.chat("hi")
+    assert _texts(bot, "s") == ["hi", "ok"]
+    assert made == ["s"]
+
+
+def test_forget_on_exit_erases_the_history_too(tmp_path: Path) -> None:
+    store = SqliteChatMemoryStore(tmp_path / "chat.db", keep_history=True)
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=2, store=store),
+    )
+    with memory_scope("req"):
+        for i in range(3):
+            bot.chat(f"turn {i}")
+        assert len(store.get_history("req")) == 6
+    fresh = SqliteChatMemoryStore(tmp_path / "chat.db", keep_history=True)
+    assert fresh.get_history("req") == []
+    assert fresh.get_messages("req") == []
+    fresh.close()
+    store.close()
+
+
+def test_tasks_created_inside_see_the_scope_and_threads_do_not() -> None:
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        with memory_scope("outer", on_exit="keep") as scope:
+
+            async def in_task() -> None:
+                seen["task"] = current_memory_scope()
+
+            await asyncio.create_task(in_task())
+            thread = threading.Thread(target=lambda: seen.update(thread=current_memory_scope()))
+            thread.start()
+            thread.join()
+            seen["scope"] = scope
+
+    asyncio.run(main())
+    assert seen["task"] is seen["scope"]
+    assert seen["thread"] is None
+
+
+def test_a_hundred_tasks_each_in_their_own_scope_stay_isolated() -> None:
+    store = InMemoryChatMemoryStore()
+
+    class Echo:
+        async def achat(self, request: Any) -> Any:
+            from aiservices.models import ChatResponse
+
+            await asyncio.sleep(0)
+            said = [m.text for m in request.messages if isinstance(m, UserMessage)]
+            return ChatResponse(AiMessage(" | ".join(str(t) for t in said)))
+
+        def chat(self, request: Any) -> Any:
+            raise AssertionError("async only")
+
+    bot = ai_service(
+        AsyncBot,
+        model=Echo(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50, store=store),
+    )
+
+    async def one(i: int) -> tuple[str, str, str]:
+        async with memory_scope(f"task-{i}", on_exit="keep"):
+            await bot.chat(f"I am {i}")
+            await asyncio.sleep(0)
+            answer = await bot.chat(f"who am I, {i}?")
+            return f"task-{i}", answer, f"I am {i} | who am I, {i}?"
+
+    async def main() -> list[tuple[str, str, str]]:
+        return await asyncio.gather(*(one(i) for i in range(100)))
+
+    for memory_id, answer, expected in asyncio.run(main()):
+        assert answer == expected
+        assert len(store.get_messages(memory_id)) == 4
+
+
+class SlowForgetStore(SqliteChatMemoryStore):
+    def forget(self, memory_id: Hashable) -> None:
+        time.sleep(0.2)
+        super().forget(memory_id)
+
+
+def test_an_async_exit_erases_without_blocking_the_event_loop(tmp_path: Path) -> None:
+    store = SlowForgetStore(tmp_path / "chat.db", keep_history=True)
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    async def main() -> None:
+        running = asyncio.create_task(ticker())
+        async with memory_scope("req"):
+            await bot.chat("hi")
+        running.cancel()
+
+    asyncio.run(main())
+    assert ticks >= 5  # the loop ran while the store erased for 0.2 s
+    assert store.get_history("req") == []
+    store.close()
+
+
+# -- seeded conversations -------------------------------------------------------------
+
+SEED = [UserMessage("2 + 2?"), AiMessage("4")]
+
+
+def test_a_new_conversation_starts_with_the_seed_committed_with_its_first_turn() -> None:
+    store = InMemoryChatMemoryStore()
+    model = ScriptedChatModel(default="6")
+    asked: list[Hashable] = []
+
+    def seed(memory_id: Hashable) -> list[ChatMessage]:
+        asked.append(memory_id)
+        return SEED
+
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+        seed_memory=seed,
+    )
+    bot.chat_as("ada", "3 + 3?")
+    assert model.requests[0].messages == [*SEED, UserMessage("3 + 3?")]
+    stored = store.get_messages("ada")
+    assert [m.text for m in stored] == ["2 + 2?", "4", "3 + 3?", "6"]
+    assert len({m.turn_id for m in stored}) == 1
+    bot.chat_as("ada", "again")
+    assert asked == ["ada"]  # only a conversation that starts empty is seeded
+    assert [m.text for m in store.get_messages("ada")][-2:] == ["again", "6"]
+
+
+def test_a_failed_first_turn_leaves_a_seeded_memory_empty() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(RuntimeError("model down"), "fine"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+        seed_memory=lambda memory_id: SEED,
+    )
+    with pytest.raises(RuntimeError, match="model down"):
+        bot.chat_as("ada", "hi")
+    assert store.get_messages("ada") == []
+    bot.chat_as("ada", "hi")
+    assert [m.text for m in store.get_messages("ada")] == ["2 + 2?", "4", "hi", "fine"]
+
+
+def test_a_seed_that_is_not_messages_is_a_type_error() -> None:
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="x"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+        seed_memory=lambda memory_id: ["hello"],  # type: ignore[list-item,return-value,arg-type]
+    )
+    with pytest.raises(TypeError, match="each must be a chat message"):
+        bot.chat_as("ada", "hi")
+
+
+# -- async access -----------------------------------------------------------------------
+
+
+def test_async_memory_access_does_what_the_sync_forms_do() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def main() -> None:
+        async with memory_scope("a", on_exit="keep"):
+            await bot.chat("hi")
+        memory = await bot.aget_chat_memory("a")
+        assert [m.text for m in memory.messages()] == ["hi", "ok"]
+        await bot.aevict_chat_memory("a")
+        assert await bot.aget_chat_memory("a") is not memory
+        await bot.aforget("a")
+        assert store.get_messages("a") == []
+
+    asyncio.run(main())
