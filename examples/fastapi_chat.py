@@ -9,6 +9,15 @@ Endpoints:
 - ``GET /sessions/{session_id}/messages``: the session's memory, oldest first.
 - ``DELETE /sessions/{session_id}``: forget the session, in the store too.
 
+The same, with the conversation chosen by a scope instead of an id in the body
+(``aiservices.fastapi``):
+
+- ``POST /session/chat`` ``{"message": ...}``: a browser session's conversation, its id in
+  a cookie the first answer sets; kept.
+- ``POST /ask`` ``{"message": ...}``: a conversation for this request only, forgotten
+  after the answer.
+- ``WebSocket /ws``: one conversation per connection, forgotten when it closes.
+
 Where conversations live, chosen by environment variables: ``CHAT_REDIS_URL``
 (``redis://...``) for Redis, ``CHAT_POSTGRES_DSN`` (``postgresql://...``) for PostgreSQL
 (both shared by every replica of the service), ``CHAT_SQLITE_PATH`` for a SQLite file (one
@@ -29,7 +38,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -48,6 +57,7 @@ from aiservices import (
     ai_service,
     system_message,
 )
+from aiservices.fastapi import RequestScope, SessionScope, WebSocketScope
 from aiservices.testing import ScriptedChatModel
 
 
@@ -59,6 +69,9 @@ class HelpDesk(ChatMemoryAccess, Protocol):
 
     # A plain def returning AsyncTextStream: iterated with `async for`, nothing to await.
     def stream(self, session: Annotated[str, MemoryId], message: str) -> AsyncTextStream: ...
+
+    # No MemoryId: inside a scope (a request, a session, a socket) the scope's conversation.
+    async def ask(self, message: str) -> str: ...
 
 
 def offline_reply(request: ChatRequest) -> str:
@@ -163,6 +176,31 @@ def forget(session_id: str, request: Request) -> None:
     desk(request).forget(session_id)
 
 
+class Message(BaseModel):
+    message: str
+
+
+@app.post("/session/chat")
+async def session_chat(body: Message, request: Request, scope: SessionScope) -> Answer:
+    return Answer(session_id=str(scope.memory_id), answer=await desk(request).ask(body.message))
+
+
+@app.post("/ask")
+async def ask_once(body: Message, request: Request, scope: RequestScope) -> Answer:
+    return Answer(session_id=str(scope.memory_id), answer=await desk(request).ask(body.message))
+
+
+@app.websocket("/ws")
+async def chat_socket(websocket: WebSocket, scope: WebSocketScope) -> None:
+    service: HelpDesk = websocket.app.state.desk
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.send_text(await service.ask(await websocket.receive_text()))
+    except WebSocketDisconnect:
+        pass
+
+
 def main() -> None:
     """A few requests through FastAPI's test client, printed."""
     from fastapi.testclient import TestClient
@@ -198,6 +236,17 @@ def main() -> None:
         print(f"DELETE {path}\n  -> {response.status_code}")
         response = client.get(f"{path}/messages")
         show("GET", f"{path}/messages", None, response.status_code, response.json())
+
+        # Scoped: the session's id travels in a cookie the first answer set.
+        post("/session/chat", {"message": "Hi, I am Carol."})
+        post("/session/chat", {"message": "Do you rent bikes?"})
+        once = post("/ask", {"message": "What are your opening hours?"})
+        path = f"/sessions/{once['session_id']}/messages"
+        response = client.get(path)  # forgotten after its request
+        show("GET", path, None, response.status_code, response.json())
+        with client.websocket_connect("/ws") as socket:
+            socket.send_text("Hello over a socket")
+            print(f"WS /ws 'Hello over a socket'\n  -> {socket.receive_text()!r}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,17 @@ from pathlib import Path
 import aiservices
 
 PACKAGE = Path(aiservices.__file__).parent
-SDKS = {"openai", "anthropic", "httpx", "redis", "psycopg", "psycopg_pool", "opentelemetry"}
+SDKS = {
+    "openai",
+    "anthropic",
+    "httpx",
+    "redis",
+    "psycopg",
+    "psycopg_pool",
+    "opentelemetry",
+    "fastapi",
+    "starlette",
+}
 DRIVER_MODULES = {
     "models/openai.py": {"openai", "httpx"},
     "models/anthropic.py": {"anthropic", "httpx"},
@@ -16,6 +26,7 @@ DRIVER_MODULES = {
     "stores/redis.py": {"redis"},
     "stores/postgres.py": {"psycopg", "psycopg_pool"},
     "otel.py": {"opentelemetry"},
+    "fastapi.py": {"fastapi"},
 }
 
 
