@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..messages import ChatMessage
 
-__all__ = ["AsyncChatMemoryStore", "ChatMemoryStore", "IncrementalChatMemoryStore", "store_key"]
+__all__ = [
+    "AsyncChatMemoryStore",
+    "ChatMemoryStore",
+    "IncrementalChatMemoryStore",
+    "memory_id_of",
+    "store_key",
+]
 
 
 @runtime_checkable
@@ -57,6 +63,35 @@ def store_key(memory_id: Hashable) -> str:
     if type(memory_id) is str:
         return _TYPED + memory_id if memory_id.startswith(_TYPED) else memory_id
     return f"{_TYPED}{type(memory_id).__name__}:{memory_id}"
+
+
+def memory_id_of(key: str) -> Hashable:
+    """The memory id a store filed under ``key`` (see :func:`store_key`), as it was given.
+
+    ``str``, ``int``, ``float``, ``bool`` and ``UUID`` ids come back as they were given;
+    an id of another type comes back as its text.
+    """
+    if not key.startswith(_TYPED):
+        return key
+    rest = key[1:]
+    if rest.startswith(_TYPED):
+        return rest  # a str id that began with the separator
+    name, _, text = rest.partition(":")
+    if name == "str":
+        return text  # a str subclass (an enum member, say)
+    if name == "bool":
+        return text == "True"
+    decode: Any = {"int": int, "float": float}.get(name)
+    if decode is None and name == "UUID":
+        import uuid
+
+        decode = uuid.UUID
+    if decode is None:
+        return text
+    try:
+        return decode(text)  # type: ignore[no-any-return]
+    except ValueError:
+        return text
 
 
 @runtime_checkable

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from datetime import timedelta
 from typing import ClassVar
 
 from ..messages import ChatMessage
-from ._base import store_key
+from ._base import memory_id_of, store_key
 from ._common import (
     appended_ids,
     check_retention,
@@ -186,6 +186,12 @@ class InMemoryChatMemoryStore:
             conversation.ids.update(new_ids)
         elif not conversation.ids:
             del self._conversations[key]
+
+    def memory_ids(self) -> Iterator[Hashable]:
+        """The ids of the conversations this store holds, each as it was given."""
+        with self._lock:
+            keys = list(self._conversations)
+        return map(memory_id_of, keys)
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Delete the conversation; a no-op for an unknown id."""

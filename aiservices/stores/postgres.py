@@ -47,7 +47,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
-from ._base import store_key
+from ._base import memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -264,6 +264,11 @@ class PostgresChatMemoryStore:
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation's window and history."""
         self._run(self._forget_op(memory_id), transaction=True)
+
+    def memory_ids(self) -> Iterator[Hashable]:
+        """The ids of the conversations this store holds, each as it was given."""
+        rows = self._run(_single(_Query(self._sql.keys, (), fetch=True)), transaction=False)
+        return map(memory_id_of, [key for (key,) in rows])
 
     # -- async twins ---------------------------------------------------------------------
 
@@ -826,6 +831,7 @@ class _Statements:
         )
         self.forget_history = render("DELETE FROM {history} WHERE memory_key = %s")
         self.drop_conversation = render("DELETE FROM {conversations} WHERE memory_key = %s")
+        self.keys = render("SELECT memory_key FROM {conversations}")
         self.drop_conversation_without_history = render(
             "DELETE FROM {conversations} WHERE memory_key = %s "
             "AND NOT EXISTS (SELECT 1 FROM {history} WHERE memory_key = %s)"

@@ -26,7 +26,7 @@ import asyncio
 import base64
 import hashlib
 import secrets
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -40,7 +40,7 @@ from redis.retry import Retry
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
-from ._base import store_key
+from ._base import memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -307,6 +307,24 @@ class RedisChatMemoryStore:
         tag = base64.urlsafe_b64encode(store_key(memory_id).encode("utf-8", "surrogatepass"))
         base = f"{self.key_prefix}{{{tag.rstrip(b'=').decode() or '='}}}:"
         return f"{base}w", f"{base}s", f"{base}x", f"{base}n", f"{base}h"
+
+    def memory_ids(self) -> Iterator[Hashable]:
+        """The ids of the conversations this store holds, each as it was given.
+
+        Scans the server's keys under ``key_prefix`` (``SCAN``, a page at a time).
+        """
+        prefix = self.key_prefix
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "{*}:*"
+        tags: dict[str, None] = {}
+        for raw in self._client.scan_iter(match=pattern, count=1000):
+            key = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            tag = key[len(prefix) + 1 : key.rindex("}")]
+            tags.setdefault(tag, None)
+        for tag in tags:
+            padded = "" if tag == "=" else tag + "=" * (-len(tag) % 4)
+            yield memory_id_of(
+                base64.urlsafe_b64decode(padded).decode("utf-8", "surrogatepass")
+            )
 
     # -- the store protocol --------------------------------------------------------------
 

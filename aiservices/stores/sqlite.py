@@ -39,12 +39,12 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar, Final, Literal, Self
 
 from ..messages import ChatMessage, message_to_json
-from ._base import store_key
+from ._base import memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -391,6 +391,12 @@ class SqliteChatMemoryStore:
 
     # -- retention -----------------------------------------------------------------------
 
+    def memory_ids(self) -> Iterator[Hashable]:
+        """The ids of the conversations this store holds (window or history), each as it
+        was given."""
+        keys = [key for (key,) in self._connection().execute(self._sql.keys)]
+        return map(memory_id_of, keys)
+
     def purge_idle(self, older_than: timedelta) -> int:
         """Delete every conversation idle for longer than ``older_than``; return how many.
 
@@ -495,6 +501,7 @@ class _Statements:
         "forget_history",
         "idle_keys",
         "insert",
+        "keys",
         "last_seq",
         "read",
         "read_history",
@@ -521,6 +528,7 @@ class _Statements:
             f"CREATE TABLE {history} ({columns}, evicted_at TEXT NOT NULL, "
             "PRIMARY KEY (memory_key, seq)) WITHOUT ROWID",
         )
+        self.keys = f"SELECT memory_key FROM {table} UNION SELECT memory_key FROM {history}"
         self.read = f"SELECT seq, message FROM {table} WHERE memory_key = ? ORDER BY seq"
         self.read_window = (
             f"SELECT message_id, message FROM {table} WHERE memory_key = ? ORDER BY seq"

@@ -648,3 +648,32 @@ def test_store_behaves_like_a_list(
             for m, g in zip(model, ids(got), strict=True)
         ]
         model = got
+
+
+# -- listing conversations ----------------------------------------------------------------
+
+
+def test_memory_ids_lists_each_conversation_with_its_id_as_given(backend: OpenedBackend) -> None:
+    store = backend.open(keep_history=True) if backend.spec.history else backend.open()
+    ids: list[Hashable] = [
+        "alice",
+        7,
+        True,
+        1.5,
+        uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "\x1fstarts with the separator",
+        "7",
+        "",
+    ]
+    for memory_id in ids:
+        store.update_messages(memory_id, [UserMessage(f"from {memory_id!r}")])
+    listed = list(store.memory_ids())
+    assert sorted(map(repr, listed)) == sorted(map(repr, ids))
+    for memory_id in listed:  # each one reads its own conversation back
+        assert [m.text for m in store.get_messages(memory_id)] == [f"from {memory_id!r}"]
+    store.forget(7) if backend.spec.history else store.delete_messages(7)
+    assert 7 not in list(store.memory_ids())
+
+
+def test_memory_ids_of_an_empty_store_is_empty(backend: OpenedBackend) -> None:
+    assert list(backend.open().memory_ids()) == []
