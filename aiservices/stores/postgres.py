@@ -16,6 +16,9 @@ Schema (``table`` defaults to ``aiservices_messages``)::
                            given out: its row is the lock a conversation's writers queue on
     {table}_schema         name/value pairs; 'version' is the schema version
 
+With ``retention`` (a ``timedelta``), a turn's write deletes now and then (every tenth of
+the period, at most hourly) the conversations idle for longer: see :meth:`purge_idle`.
+
 A turn's write (``apply_changes``) is one statement, so one round trip: it takes the
 sequence numbers it appends from the conversation's row in ``{table}_conversations``,
 which locks that row until the statement commits, deletes the removed rows by message id
@@ -32,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import select
 import threading
+import time
 from collections.abc import AsyncIterator, Collection, Generator, Hashable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Self, TypeAlias
 
 import psycopg
@@ -54,12 +59,16 @@ from ._common import (
     MessageCache,
     StoreSchemaError,
     appended_ids,
+    check_retention,
     check_unique_ids,
     duplicate_id_error,
+    purge_interval,
     with_message_ids,
 )
 
 __all__ = ["SCHEMA_VERSION", "PostgresChatMemoryStore"]
+
+_log = logging.getLogger("aiservices")
 
 SCHEMA_VERSION: Final = 1
 """The schema this version writes; a database with a newer one is refused."""
@@ -114,6 +123,7 @@ class PostgresChatMemoryStore:
         async_pool: AsyncConnectionPool[Any] | None = None,
         max_connections: int = 10,
         timeout: float = 30.0,
+        retention: timedelta | None = None,
     ) -> None:
         if not isinstance(table, str) or not table:
             raise ValueError(f"table must be a non-empty str, got {table!r}")
@@ -131,6 +141,12 @@ class PostgresChatMemoryStore:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.table = table
         self.keep_history = bool(keep_history)
+        self.retention = check_retention(retention)
+        self._next_purge = (
+            float("inf")
+            if self.retention is None
+            else time.monotonic() + purge_interval(self.retention)
+        )
         self._dsn: str | None = None
         self._given = type(dsn_or_pool).__name__
         self._max_connections = max_connections
@@ -235,6 +251,8 @@ class PostgresChatMemoryStore:
             self._check_duplicate(exc)
             raise self._duplicate(memory_id, appended, removed) from None
         self._cache.remember(texts, appended)
+        if time.monotonic() >= self._next_purge:
+            self._purge_by_retention()
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -265,6 +283,49 @@ class PostgresChatMemoryStore:
         """Erase the conversation's window and history."""
         self._run(self._forget_op(memory_id), transaction=True)
 
+    def purge_idle(self, older_than: timedelta) -> int:
+        """Delete every conversation idle for longer than ``older_than``; return how many.
+
+        A conversation is idle since its last write: the newest message stored, or the
+        newest eviction into history. Its window, history and counter go, as with
+        :meth:`forget`; a conversation a writer holds at that moment is left for the next
+        purge. One statement; it reads every row's time, so run it now and then.
+        """
+        cutoff = _cutoff(older_than)
+        return int(
+            self._run(
+                _single(_Query(self._sql.purge, (cutoff, cutoff), fetch=True)), transaction=True
+            )[0][0]
+        )
+
+    async def apurge_idle(self, older_than: timedelta) -> int:
+        """:meth:`purge_idle` for async callers."""
+        cutoff = _cutoff(older_than)
+        rows = await self._arun(
+            _single(_Query(self._sql.purge, (cutoff, cutoff), fetch=True)), transaction=True
+        )
+        return int(rows[0][0])
+
+    def _purge_by_retention(self) -> None:
+        retention = self.retention
+        assert retention is not None
+        self._next_purge = time.monotonic() + purge_interval(retention)
+        try:
+            self.purge_idle(retention)
+        except psycopg.Error as error:
+            # The write that got here has committed; a purge is housekeeping that the next
+            # interval retries, and must not make the caller believe its write failed.
+            _log.warning("%r: purging idle conversations failed: %s", self, error)
+
+    async def _apurge_by_retention(self) -> None:
+        retention = self.retention
+        assert retention is not None
+        self._next_purge = time.monotonic() + purge_interval(retention)
+        try:
+            await self.apurge_idle(retention)
+        except psycopg.Error as error:
+            _log.warning("%r: purging idle conversations failed: %s", self, error)
+
     def memory_ids(self) -> Iterator[Hashable]:
         """The ids of the conversations this store holds, each as it was given."""
         rows = self._run(_single(_Query(self._sql.keys, (), fetch=True)), transaction=False)
@@ -292,6 +353,8 @@ class PostgresChatMemoryStore:
             self._check_duplicate(exc)
             raise self._duplicate(memory_id, appended, removed) from None
         self._cache.remember(texts, appended)
+        if time.monotonic() >= self._next_purge:
+            await self._apurge_by_retention()
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """:meth:`update_messages` for async callers."""
@@ -832,10 +895,35 @@ class _Statements:
         self.forget_history = render("DELETE FROM {history} WHERE memory_key = %s")
         self.drop_conversation = render("DELETE FROM {conversations} WHERE memory_key = %s")
         self.keys = render("SELECT memory_key FROM {conversations}")
+        # Idle: no window row stored and no history row evicted since the cutoff. A row a
+        # writer has locked is skipped, and purged next time.
+        self.purge = render(
+            "WITH idle AS (SELECT c.memory_key FROM {conversations} c "
+            "WHERE NOT EXISTS (SELECT 1 FROM {table} t "
+            "WHERE t.memory_key = c.memory_key AND t.stored_at >= %s) "
+            "AND NOT EXISTS (SELECT 1 FROM {history} h "
+            "WHERE h.memory_key = c.memory_key AND h.evicted_at >= %s) "
+            "FOR UPDATE OF c SKIP LOCKED), "
+            "window_rows AS (DELETE FROM {table} WHERE memory_key IN "
+            "(SELECT memory_key FROM idle)), "
+            "history_rows AS (DELETE FROM {history} WHERE memory_key IN "
+            "(SELECT memory_key FROM idle)), "
+            "gone AS (DELETE FROM {conversations} WHERE memory_key IN "
+            "(SELECT memory_key FROM idle) RETURNING 1) "
+            "SELECT count(*) FROM gone"
+        )
         self.drop_conversation_without_history = render(
             "DELETE FROM {conversations} WHERE memory_key = %s "
             "AND NOT EXISTS (SELECT 1 FROM {history} WHERE memory_key = %s)"
         )
+
+
+def _cutoff(older_than: timedelta) -> datetime:
+    if not isinstance(older_than, timedelta):
+        raise TypeError(f"older_than must be a timedelta, got {type(older_than).__name__}")
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative, got {older_than!r}")
+    return datetime.now(UTC) - older_than
 
 
 def _redact(dsn: str) -> str:

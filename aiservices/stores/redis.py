@@ -46,6 +46,7 @@ from ._common import (
     HistoryEntry,
     MessageCache,
     appended_ids,
+    check_retention,
     check_unique_ids,
     duplicate_id_error,
     with_message_ids,
@@ -267,12 +268,22 @@ class RedisChatMemoryStore:
         ttl: float | timedelta | None = None,
         keep_history: bool = False,
         async_client: redis.asyncio.Redis | None = None,
+        retention: timedelta | None = None,
     ) -> None:
         if not isinstance(key_prefix, str):
             raise TypeError(f"key_prefix must be a str, not {type(key_prefix).__name__}")
         self.key_prefix = key_prefix
         self.keep_history = bool(keep_history)
+        if retention is not None:
+            # Every persistent store's retention; here it is the keys' own expiry.
+            if ttl is not None:
+                raise ValueError("give retention= or ttl=, not both: they are the same setting")
+            ttl = check_retention(retention)
         self._ttl_ms = 0 if ttl is None else _ttl_ms(ttl)
+        self.retention: timedelta | None = (
+            timedelta(milliseconds=self._ttl_ms) if self._ttl_ms else None
+        )
+        """How long a conversation untouched by any write lives (``ttl`` as a timedelta)."""
         self.ttl: float | None = self._ttl_ms / 1000 if self._ttl_ms else None
         """Seconds a conversation lives after its last write; ``None``: for ever."""
         self._url: str | None = None

@@ -677,3 +677,25 @@ def test_memory_ids_lists_each_conversation_with_its_id_as_given(backend: Opened
 
 def test_memory_ids_of_an_empty_store_is_empty(backend: OpenedBackend) -> None:
     assert list(backend.open().memory_ids()) == []
+
+
+def test_retention_deletes_conversations_untouched_for_longer(backend: OpenedBackend) -> None:
+    import time
+
+    store = backend.open(retention=timedelta(seconds=1))
+    store.apply_changes("old", appended=[user("left alone")], removed=[])
+    time.sleep(1.3)
+    # The next write that starts a conversation purges (Redis: the keys expired by then).
+    store.apply_changes("new", appended=[user("just now")], removed=[])
+    time.sleep(0.05)
+    store.apply_changes("newer", appended=[user("and now")], removed=[])
+    assert store.get_messages("old") == []
+    assert texts(store.get_messages("new")) == ["just now"]
+    assert sorted(map(str, store.memory_ids())) == ["new", "newer"]
+
+
+def test_retention_must_be_a_positive_period(backend: OpenedBackend) -> None:
+    with pytest.raises(TypeError, match="timedelta"):
+        backend.open(retention=3600)
+    with pytest.raises(ValueError, match="positive"):
+        backend.open(retention=timedelta(0))
