@@ -20,6 +20,7 @@ from .memory._base import ChatMemoryProvider
 from .messages import ChatMessage, UserMessage
 from .models import ChatModel, ChatRequest, ChatRequestParameters
 from .models._registry import PROVIDERS, parse_model_spec
+from .observability import ConversationStats
 
 if TYPE_CHECKING:
     from ._plan import MethodPlan
@@ -52,6 +53,9 @@ class _ServiceBase:
 
     async def aforget(self, memory_id: Hashable) -> None:
         await self._state.aforget(memory_id)
+
+    def conversation_stats(self) -> ConversationStats:
+        return self._state.stats()
 
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} service>"
@@ -258,6 +262,7 @@ def build(
         max_output_retries=max_output_retries,
         parameters=parameters or ChatRequestParameters(),
         hooks=Hooks(listeners) if listeners else None,
+        name=getattr(interface, "__name__", ""),
         retriever=retriever,
         seed_memory=seed_memory,
         request_transformer=request_transformer,

@@ -38,12 +38,13 @@ class Conversation:
     id up again instead of running beside the conversation's successor.
     """
 
-    __slots__ = ("blocking", "lock", "memory", "observe", "retired")
+    __slots__ = ("blocking", "lock", "memory", "observe", "retired", "turns")
 
     def __init__(self, memory: ChatMemory) -> None:
         self.memory = memory
         self.lock = TurnLock()
         self.retired = False
+        self.turns = 0  # turns committed, counted with the lock held
         # Async calls use a memory that does no I/O (`is_blocking = False`) directly.
         self.blocking = getattr(memory, "is_blocking", True) is not False
         # A memory that counts tokens may calibrate its estimate with the provider's count.
@@ -62,7 +63,16 @@ class _Making:
 class Conversations:
     """The cached conversations of one service, least recently used first."""
 
-    __slots__ = ("_lock", "_making", "_provider", "_size", "_table")
+    __slots__ = (
+        "_forgotten",
+        "_lock",
+        "_making",
+        "_provider",
+        "_retired_evictions",
+        "_retired_turns",
+        "_size",
+        "_table",
+    )
 
     def __init__(self, provider: ChatMemoryProvider | None, size: int) -> None:
         self._provider = provider
@@ -70,6 +80,28 @@ class Conversations:
         self._table: OrderedDict[str, Conversation] = OrderedDict()
         self._making: dict[str, _Making] = {}
         self._lock = threading.Lock()
+        # What conversations no longer cached had counted, and the conversations forgotten.
+        self._retired_turns = 0
+        self._retired_evictions = 0
+        self._forgotten = 0
+
+    def counts(self, *others: Conversation) -> tuple[int, int, int, int]:
+        """Cached conversations, turns committed, messages evicted, conversations forgotten.
+
+        ``others``: conversations outside the cache (a service's own memory) to count too.
+        """
+        with self._lock:
+            entries = [*self._table.values(), *others]
+            turns, evictions, forgotten = (
+                self._retired_turns,
+                self._retired_evictions,
+                self._forgotten,
+            )
+            cached = len(self._table)
+        for entry in entries:
+            turns += entry.turns
+            evictions += getattr(entry.memory, "evicted_messages", 0)
+        return cached, turns, evictions, forgotten
 
     @property
     def has_provider(self) -> bool:
@@ -106,8 +138,7 @@ class Conversations:
             erase(entry.memory)
         finally:
             entry.lock.release()
-        if key is not None:
-            self.evict(key)
+        self._forgot(key)
 
     async def aforget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
         """:meth:`forget` without blocking the event loop."""
@@ -121,6 +152,11 @@ class Conversations:
                 erase(entry.memory)
         finally:
             entry.lock.release()
+        self._forgot(key)
+
+    def _forgot(self, key: str | None) -> None:
+        with self._lock:
+            self._forgotten += 1
         if key is not None:
             self.evict(key)
 
@@ -166,7 +202,7 @@ class Conversations:
         # Least recently used first; a conversation in use (its lock held or awaited) stays,
         # and so does the newest, which its caller is about to take.
         for key, entry in list(table.items())[:-1]:
-            if _retire(table, key, entry):
+            if self._retire(key, entry):
                 excess -= 1
                 if not excess:
                     return
@@ -176,7 +212,18 @@ class Conversations:
         with self._lock:
             entry = self._table.get(key)
             if entry is not None:
-                _retire(self._table, key, entry)
+                self._retire(key, entry)
+
+    def _retire(self, key: str, entry: Conversation) -> bool:
+        # Called with the table's lock held.
+        if not entry.lock.try_acquire():
+            return False
+        entry.retired = True
+        del self._table[key]
+        self._retired_turns += entry.turns
+        self._retired_evictions += getattr(entry.memory, "evicted_messages", 0)
+        entry.lock.release()
+        return True
 
     def hold(self, entry: Conversation, memory_id: Hashable, key: str | None) -> Conversation:
         """Take ``entry``'s turn lock, following the id to a new entry if it was retired."""
@@ -199,15 +246,6 @@ class Conversations:
             entry.lock.release()
             assert key is not None
             entry = self.get(memory_id, key)
-
-
-def _retire(table: OrderedDict[str, Conversation], key: str, entry: Conversation) -> bool:
-    if not entry.lock.try_acquire():
-        return False
-    entry.retired = True
-    del table[key]
-    entry.lock.release()
-    return True
 
 
 def erase(memory: ChatMemory) -> None:

@@ -37,6 +37,7 @@ ACCESS_METHODS: Final = frozenset(
         "aget_chat_memory",
         "aevict_chat_memory",
         "aforget",
+        "conversation_stats",
     }
 )
 

@@ -161,6 +161,7 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
     if op == COMMIT:
         messages, request, response = argument
         conversation.memory.add(*messages)  # type: ignore[union-attr]
+        conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
     if op == CALL:
@@ -332,6 +333,7 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             await settled(_amemory(memory, "aadd", memory.add, *messages))
         else:
             memory.add(*messages)
+        conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
     if op == CALL:

@@ -37,7 +37,7 @@ from .messages import (
     unchecked_message,
 )
 from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, ResponseFormat
-from .observability import CallInfo
+from .observability import CallInfo, ConversationStats
 from .scopes import current_scope
 
 if TYPE_CHECKING:
@@ -90,6 +90,7 @@ class ServiceState:
     max_output_retries: int
     parameters: ChatRequestParameters
     hooks: Hooks | None = None
+    name: str = ""
     retriever: Callable[..., Any] | None = None
     seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None
@@ -133,6 +134,11 @@ class ServiceState:
                 f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
             )
         return single
+
+    def stats(self) -> ConversationStats:
+        """The service's conversation counts so far."""
+        extra = () if self.single is None else (self.single,)
+        return ConversationStats(*self.conversations.counts(*extra))
 
     def evict(self, memory_id: Hashable) -> None:
         """Drop the cached memory of ``memory_id``; the stored conversation stays."""

@@ -32,7 +32,7 @@ from .models import ChatRequest, ChatResponse
 if TYPE_CHECKING:
     from .tools import ToolExecution
 
-__all__ = ["CallInfo", "ServiceListener"]
+__all__ = ["CallInfo", "ConversationStats", "ServiceListener"]
 
 
 @dataclass(slots=True)
@@ -44,6 +44,21 @@ class CallInfo:
     turn_id: str
     model_name: str | None
     attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationStats:
+    """A service's conversations so far: ``bot.conversation_stats()``.
+
+    ``cached_conversations`` is how many memories the service holds now; the others count
+    from when it was built: turns committed, messages that window memories evicted from
+    their store's window, and conversations forgotten (``forget``, a scope's exit).
+    """
+
+    cached_conversations: int
+    turns_committed: int
+    messages_evicted: int
+    conversations_forgotten: int
 
 
 class ServiceListener(Protocol):

@@ -33,7 +33,7 @@ from .observability import CallInfo
 if TYPE_CHECKING:
     from .tools import ToolExecution
 
-__all__ = ["OpenTelemetryListener"]
+__all__ = ["OpenTelemetryListener", "observe_conversations"]
 
 _CALL = "aiservices.otel.call"
 _CHAT = "aiservices.otel.chat"
@@ -132,3 +132,53 @@ class OpenTelemetryListener:
                 span.end()
         for span in call.attributes.pop(_TOOLS, {}).values():
             span.end()
+
+
+def observe_conversations(
+    service: Any, *, meter_provider: Any = None, name: str | None = None
+) -> None:
+    """Report a service's conversations as OpenTelemetry metrics, read at each collection.
+
+    Instruments (there are no GenAI semantic conventions for these; each carries
+    ``gen_ai.agent.name``, the interface's name unless ``name`` is given):
+    ``aiservices.conversations.cached`` (an up-down counter: memories cached now),
+    ``aiservices.turns.committed``, ``aiservices.messages.evicted`` and
+    ``aiservices.conversations.forgotten`` (counters since the service was built). They
+    read ``service.conversation_stats()`` only when a reader collects: a call pays nothing.
+    """
+    from opentelemetry import metrics
+
+    stats = service.conversation_stats
+    attributes = {"gen_ai.agent.name": name or type(service).__name__.removesuffix("Service")}
+    meter = metrics.get_meter("aiservices", meter_provider=meter_provider)
+
+    def reading(field: str) -> Any:
+        def callback(options: Any) -> Any:
+            yield metrics.Observation(getattr(stats(), field), attributes)
+
+        return callback
+
+    meter.create_observable_up_down_counter(
+        "aiservices.conversations.cached",
+        callbacks=[reading("cached_conversations")],
+        unit="{conversation}",
+        description="Conversations whose memory the service holds",
+    )
+    meter.create_observable_counter(
+        "aiservices.turns.committed",
+        callbacks=[reading("turns_committed")],
+        unit="{turn}",
+        description="Turns recorded in a conversation's memory",
+    )
+    meter.create_observable_counter(
+        "aiservices.messages.evicted",
+        callbacks=[reading("messages_evicted")],
+        unit="{message}",
+        description="Messages window memories removed from their window",
+    )
+    meter.create_observable_counter(
+        "aiservices.conversations.forgotten",
+        callbacks=[reading("conversations_forgotten")],
+        unit="{conversation}",
+        description="Conversations erased (forget, a scope's exit)",
+    )

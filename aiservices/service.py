@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from .guardrails import InputGuardrail, OutputGuardrail
     from .models import ChatModel, ChatRequest, ChatRequestParameters
+    from .observability import ConversationStats
 
 Retriever: TypeAlias = "Callable[[str, Hashable], Sequence[str] | Awaitable[Sequence[str]]]"
 """Finds texts for a call: ``(query, memory_id) -> Sequence[str]``, or ``async def``."""
@@ -50,6 +51,11 @@ class ChatMemoryAccess(Protocol):
     async def aforget(self, memory_id: Hashable) -> None:
         """:meth:`forget` for async code: waits for the conversation without blocking the
         event loop, and erases a blocking store's data in a worker thread."""
+        ...
+
+    def conversation_stats(self) -> ConversationStats:
+        """Conversations cached now; turns committed, messages evicted and conversations
+        forgotten since the service was built."""
         ...
 
 

@@ -177,6 +177,8 @@ class WindowChatMemory:
         self._whole_turns = bool(evict_whole_turns)
         self._lock = threading.Lock()
         self._state: WindowState | None = None
+        self.evicted_messages = 0
+        """Messages this memory object's adds removed from its store's window."""
         self._calibrate = bool(calibrate)
         self._base_limit = self._fixed_limit
         self._factor = 1.0  # provider tokens per estimated token
@@ -266,6 +268,7 @@ class WindowChatMemory:
                     except BaseException:
                         self._state = None
                         raise
+                    self.evicted_messages += len(plain[1])
                     return
             check_messages(messages, "add")
             if state is None:
@@ -278,6 +281,7 @@ class WindowChatMemory:
             try:
                 if write.full is None and self._apply is not None:
                     self._apply(self._id, appended=write.appended, removed=write.removed)
+                    self.evicted_messages += len(write.removed)
                 else:
                     self._update(self._id, write.full or [])
             except BaseException:
@@ -354,6 +358,7 @@ class WindowChatMemory:
                         await store.aapply_changes(
                             self._id, appended=write.appended, removed=write.removed
                         )
+                        self.evicted_messages += len(write.removed)
                     else:
                         await store.aupdate_messages(self._id, write.full)
                 except BaseException:

@@ -1,0 +1,95 @@
+"""What a service counts of its conversations: readable from the service and as
+OpenTelemetry metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Protocol
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from aiservices import (
+    ChatMemoryAccess,
+    MemoryId,
+    MessageWindowChatMemory,
+    ai_service,
+    memory_scope,
+)
+from aiservices.observability import ConversationStats
+from aiservices.otel import observe_conversations
+from aiservices.testing import ScriptedChatModel
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    def scoped(self, text: str) -> str: ...
+
+
+def _bot(cache_size: int = 100) -> Bot:
+    return ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4),
+        chat_memory_cache_size=cache_size,
+    )
+
+
+def test_the_service_counts_conversations_turns_evictions_and_forgets() -> None:
+    bot = _bot(cache_size=2)
+    assert bot.conversation_stats() == ConversationStats(0, 0, 0, 0)
+    for turn in range(3):
+        bot.chat("alice", f"turn {turn}")  # 6 messages into a window of 4: 2 evicted
+    bot.chat("bob", "hi")
+    assert bot.conversation_stats() == ConversationStats(2, 4, 2, 0)
+    bot.chat("carol", "hi")  # a third conversation: alice's memory leaves the cache
+    stats = bot.conversation_stats()
+    assert stats.cached_conversations == 2
+    assert stats.turns_committed == 5  # counted still, from the retired conversation
+    assert stats.messages_evicted == 2
+    bot.forget("bob")
+    with memory_scope():
+        bot.scoped("in a scope")
+    assert bot.conversation_stats() == ConversationStats(1, 6, 2, 2)
+
+
+def test_a_failed_turn_is_not_counted() -> None:
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(RuntimeError("down")),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4),
+    )
+    try:
+        bot.chat("alice", "hi")
+    except RuntimeError:
+        pass
+    assert bot.conversation_stats().turns_committed == 0
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, Any]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    found: dict[str, Any] = {}
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                (point,) = metric.data.data_points
+                found[metric.name] = (point.value, dict(point.attributes or {}))
+    return found
+
+
+def test_the_counts_are_opentelemetry_metrics_read_at_collection() -> None:
+    reader = InMemoryMetricReader()
+    bot = _bot()
+    observe_conversations(bot, meter_provider=MeterProvider(metric_readers=[reader]))
+    for turn in range(3):
+        bot.chat("alice", f"turn {turn}")
+    bot.forget("alice")
+    points = _points(reader)
+    agent = {"gen_ai.agent.name": "Bot"}
+    assert points == {
+        "aiservices.conversations.cached": (0, agent),
+        "aiservices.turns.committed": (3, agent),
+        "aiservices.messages.evicted": (2, agent),
+        "aiservices.conversations.forgotten": (1, agent),
+    }
