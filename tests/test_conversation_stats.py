@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Protocol
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -59,10 +60,8 @@ def test_a_failed_turn_is_not_counted() -> None:
         model=ScriptedChatModel(RuntimeError("down")),
         chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4),
     )
-    try:
+    with pytest.raises(RuntimeError):
         bot.chat("alice", "hi")
-    except RuntimeError:
-        pass
     assert bot.conversation_stats().turns_committed == 0
 
 
