@@ -19,7 +19,7 @@ from .errors import (
     ToolLimitError,
 )
 from .guardrails import guardrails
-from .markers import MemoryId, UserName, V
+from .markers import Context, MemoryId, UserName, V
 from .memory import ChatMemory, ChatMemoryProvider
 from .messages import (
     AiMessage,
@@ -112,6 +112,7 @@ __all__ = [
     "ChatRequest",
     "ChatRequestParameters",
     "ChatResponse",
+    "Context",
     "GuardrailError",
     "InMemoryChatMemoryStore",
     "InterfaceError",

@@ -154,6 +154,21 @@ def _with_guardrails(
     return merged
 
 
+def _takes_context(function: object) -> bool:
+    """Whether ``function`` declares a ``context`` keyword (or takes any keyword)."""
+    if function is None:
+        return False
+    try:
+        parameters = inspect.signature(function).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return any(
+        (p.name == "context" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        or p.kind is inspect.Parameter.VAR_KEYWORD
+        for p in parameters
+    )
+
+
 def _is_async(function: object) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
@@ -263,6 +278,8 @@ def build(
         parameters=parameters or ChatRequestParameters(),
         hooks=Hooks(listeners) if listeners else None,
         name=getattr(interface, "__name__", ""),
+        system_provider_takes_context=_takes_context(system_message_provider),
+        tool_provider_takes_context=_takes_context(tool_provider),
         retriever=retriever,
         seed_memory=seed_memory,
         request_transformer=request_transformer,

@@ -21,7 +21,7 @@ from ._templates import BUILTIN_VARIABLES, Template
 from ._text_streams import AsyncTextStream, TextStream
 from .errors import InterfaceError
 from .guardrails import GUARDRAILS_ATTRIBUTE
-from .markers import MemoryId, UserName, V, is_marker
+from .markers import Context, MemoryId, UserName, V, is_marker
 from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
 
 __all__ = ["CallKind", "MethodPlan", "plan_interface"]
@@ -65,6 +65,8 @@ class MethodPlan:
     # The method's own guardrails (@guardrails); the builder puts the service's first.
     input_guardrails: tuple[Callable[..., Any], ...] = ()
     output_guardrails: tuple[Callable[..., Any], ...] = ()
+    # The parameter that carries the call's context (Annotated[T, Context]), if any.
+    context_index: int | None = None
 
 
 def _problem(where: str, text: str) -> str:
@@ -181,6 +183,7 @@ def plan_method(
 
     memory_index: int | None = None
     memory_optional = False
+    context_index: int | None = None
     user_name_index: int | None = None
     variables: list[tuple[str, int]] = []
     seen_aliases: dict[str, str] = {}
@@ -199,6 +202,22 @@ def plan_method(
         _, metadata = _strip_annotated(annotation)
         is_memory = any(is_marker(m, MemoryId) for m in metadata)
         is_user_name = any(is_marker(m, UserName) for m in metadata)
+        if any(is_marker(m, Context) for m in metadata):
+            if is_memory or is_user_name:
+                problems.append(
+                    _problem(pwhere, "a Context parameter cannot also be a MemoryId or UserName")
+                )
+            elif context_index is not None:
+                problems.append(
+                    _problem(
+                        pwhere,
+                        f"a second Context parameter (the first is `{names[context_index]}`); "
+                        "pass one context object (a dataclass holding both, say)",
+                    )
+                )
+            else:
+                context_index = index
+            continue  # neither a template variable nor the user message
         aliases = [m.name for m in metadata if isinstance(m, V)]
         if is_memory:
             if memory_index is not None:
@@ -261,7 +280,8 @@ def plan_method(
         candidates = [
             index
             for index in range(len(params))
-            if index not in used_indexes and index not in (memory_index, user_name_index)
+            if index not in used_indexes
+            and index not in (memory_index, user_name_index, context_index)
         ]
         if len(candidates) == 1:
             user_message_index = candidates[0]
@@ -330,6 +350,7 @@ def plan_method(
         doc=function.__doc__,
         input_guardrails=own_guardrails[0],
         output_guardrails=own_guardrails[1],
+        context_index=context_index,
     )
 
 

@@ -175,8 +175,8 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
                 "sync call; give async guardrails and retrievers to async methods"
             )
         return value
-    toolbox, requests, memory_id = argument
-    return toolbox.execute_all(requests, memory_id)
+    toolbox, requests, memory_id, context = argument
+    return toolbox.execute_all(requests, memory_id, context)
 
 
 def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, None, ChatResponse]:
@@ -340,8 +340,8 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         function, call_args = argument
         value = function(*call_args)
         return (await value) if inspect.isawaitable(value) else value
-    toolbox, requests, memory_id = argument
-    return await toolbox.aexecute_all(requests, memory_id)
+    toolbox, requests, memory_id, context = argument
+    return await toolbox.aexecute_all(requests, memory_id, context)
 
 
 async def _achat(model: ChatModel, request: ChatRequest) -> ChatResponse:

@@ -19,7 +19,7 @@ from pydantic_core import to_json, to_jsonable_python
 from typing_extensions import TypedDict
 
 from .errors import InterfaceError
-from .markers import MemoryId, is_marker
+from .markers import Context, MemoryId, is_marker
 
 __all__ = [
     "ToolSignature",
@@ -42,8 +42,8 @@ class ToolSignature:
 
     ``validate_json`` turns the model's JSON arguments into keyword arguments (pydantic's
     ``ValidationError`` when they do not fit). ``positional`` lists positional-only
-    parameters with their defaults; ``memory_id`` is the parameter that receives the memory
-    id, hidden from ``schema``.
+    parameters with their defaults; ``memory_id`` and ``context`` are the parameters that
+    receive the memory id and the call's context, hidden from ``schema``.
     """
 
     schema: Mapping[str, Any]
@@ -51,13 +51,18 @@ class ToolSignature:
     memory_id: str | None
     positional: tuple[tuple[str, Any], ...]
     returns_nothing: bool
+    context: str | None = None
 
-    def bind(self, arguments: str, memory_id: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def bind(
+        self, arguments: str, memory_id: object, context: object = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Validate the model's arguments; positional and keyword arguments for the call."""
         # Providers send "" for a call without arguments.
         kwargs = self.validate_json(arguments or "{}")
         if self.memory_id is not None:
             kwargs[self.memory_id] = memory_id
+        if self.context is not None:
+            kwargs[self.context] = context
         if not self.positional:
             return (), kwargs
         pop = kwargs.pop
@@ -91,6 +96,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     defaults: dict[str, Any] = {}
     positional: list[tuple[str, Any]] = []
     memory_id: str | None = None
+    context: str | None = None
     for param in parameters:
         pwhere = f"{where}({param.name})"
         if param.kind in _VARIADIC:
@@ -113,6 +119,13 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                     "mark only one"
                 )
             memory_id = param.name
+            continue
+        if any(is_marker(m, Context) for m in metadata):
+            if context is not None:
+                problems.append(
+                    f"{pwhere}: a second Context parameter (the first is {context}); mark only one"
+                )
+            context = param.name
             continue
         default = param.default
         if isinstance(default, FieldInfo):
@@ -146,6 +159,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
         memory_id=memory_id,
         positional=tuple(positional),
         returns_nothing=returns is _EMPTY or returns is None or returns is type(None),
+        context=context,
     )
 
 

@@ -304,8 +304,11 @@ class Toolbox:
     def __repr__(self) -> str:
         return f"Toolbox({list(self.names)!r})"
 
-    def execute(self, request: ToolExecutionRequest, memory_id: object = None) -> ToolExecution:
-        """Run one request in this thread; ``memory_id`` goes to ``MemoryId`` parameters.
+    def execute(
+        self, request: ToolExecutionRequest, memory_id: object = None, context: object = None
+    ) -> ToolExecution:
+        """Run one request in this thread; ``memory_id`` goes to ``MemoryId`` parameters,
+        ``context`` to ``Context`` ones.
 
         An ``async def`` tool runs to completion on an event loop of its own (in a helper
         thread if this thread is already running one).
@@ -315,7 +318,7 @@ class Toolbox:
             return self._failed(self._unknown(request))
         plan = tool.plan
         try:
-            args, kwargs = plan.signature.bind(request.arguments, memory_id)
+            args, kwargs = plan.signature.bind(request.arguments, memory_id, context)
         except ValidationError as exc:
             error: ToolExecutionError = _arguments_error(request, exc)
         else:
@@ -330,7 +333,7 @@ class Toolbox:
         return self._failed(error)
 
     async def aexecute(
-        self, request: ToolExecutionRequest, memory_id: object = None
+        self, request: ToolExecutionRequest, memory_id: object = None, context: object = None
     ) -> ToolExecution:
         """Run one request without blocking the event loop: a sync tool runs in a thread."""
         import asyncio
@@ -340,7 +343,7 @@ class Toolbox:
             return self._failed(self._unknown(request))
         plan = tool.plan
         try:
-            args, kwargs = plan.signature.bind(request.arguments, memory_id)
+            args, kwargs = plan.signature.bind(request.arguments, memory_id, context)
         except ValidationError as exc:
             error: ToolExecutionError = _arguments_error(request, exc)
         else:
@@ -358,13 +361,19 @@ class Toolbox:
         return self._failed(error)
 
     def execute_all(
-        self, requests: Iterable[ToolExecutionRequest], memory_id: object = None
+        self,
+        requests: Iterable[ToolExecutionRequest],
+        memory_id: object = None,
+        context: object = None,
     ) -> list[ToolExecution]:
         """Run requests one after another, in order."""
-        return [self.execute(request, memory_id) for request in requests]
+        return [self.execute(request, memory_id, context) for request in requests]
 
     async def aexecute_all(
-        self, requests: Iterable[ToolExecutionRequest], memory_id: object = None
+        self,
+        requests: Iterable[ToolExecutionRequest],
+        memory_id: object = None,
+        context: object = None,
     ) -> list[ToolExecution]:
         """Run requests concurrently; the results come in request order.
 
@@ -375,8 +384,10 @@ class Toolbox:
 
         pending = list(requests)
         if len(pending) <= 1:
-            return [await self.aexecute(request, memory_id) for request in pending]
-        tasks = [asyncio.ensure_future(self.aexecute(request, memory_id)) for request in pending]
+            return [await self.aexecute(request, memory_id, context) for request in pending]
+        tasks = [
+            asyncio.ensure_future(self.aexecute(request, memory_id, context)) for request in pending
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:

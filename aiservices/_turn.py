@@ -65,7 +65,7 @@ DEFAULT_MEMORY_ID: Final = "default"
 # The operations a turn yields, each with its argument; the driver sends back the outcome.
 READ: Final = 0  # None -> the memory's messages
 MODEL: Final = 1  # ChatRequest -> ChatResponse
-TOOLS: Final = 2  # (Toolbox, requests, memory id) -> list[ToolExecution]
+TOOLS: Final = 2  # (Toolbox, requests, memory id, context) -> list[ToolExecution]
 COMMIT: Final = 3  # (messages to record, last request, last response) -> None
 CALL: Final = 4  # (function, args) -> what it returns, awaited in async calls
 
@@ -91,6 +91,9 @@ class ServiceState:
     parameters: ChatRequestParameters
     hooks: Hooks | None = None
     name: str = ""
+    # Whether the providers declare a `context` keyword, to be given the call's context.
+    system_provider_takes_context: bool = False
+    tool_provider_takes_context: bool = False
     retriever: Callable[..., Any] | None = None
     seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None
@@ -155,12 +158,15 @@ class ServiceState:
         conversation, key = await self.aconversation_of(memory_id)
         await self.conversations.aforget(conversation, memory_id, key)
 
-    def toolbox_for(self, memory_id: Hashable, user: UserMessage) -> Toolbox:
+    def toolbox_for(self, memory_id: Hashable, user: UserMessage, context: object) -> Toolbox:
         """The service's tools, with those the tool provider adds for this call."""
         provider = self.tool_provider
         if provider is None:
             return self.toolbox
-        extra = list(provider(memory_id, user))
+        if self.tool_provider_takes_context:
+            extra = list(provider(memory_id, user, context=context))  # type: ignore[call-arg]
+        else:
+            extra = list(provider(memory_id, user))
         if not extra:
             return self.toolbox
         dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)
@@ -181,6 +187,7 @@ class Call:
     system_text: str | None
     user_text: str
     user_name: str | None
+    context: object = None
     info: CallInfo | None = None
 
 
@@ -227,11 +234,15 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         if system_template is not None or user_template is not None
         else {}
     )
+    context = args[plan.context_index] if plan.context_index is not None else None
     system: str | None = None
     if system_template is not None:
         system = system_template.render(values)
     elif state.system_message_provider is not None:
-        system = state.system_message_provider(memory_id)
+        if state.system_provider_takes_context:
+            system = state.system_message_provider(memory_id, context=context)  # type: ignore[call-arg]
+        else:
+            system = state.system_message_provider(memory_id)
     if user_template is not None:
         text = user_template.render(values)
     else:
@@ -239,7 +250,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         value = args[plan.user_message_index]
         text = value if type(value) is str else render_value(value)
     name = args[plan.user_name_index] if plan.user_name_index is not None else None
-    return Call(plan, memory_id, key, conversation, system, text, name)
+    return Call(plan, memory_id, key, conversation, system, text, name, context)
 
 
 def turn(state: ServiceState, call: Call) -> Turn:
@@ -334,7 +345,11 @@ def turn(state: ServiceState, call: Call) -> Turn:
     messages = [*window, _augmented(user, sources) if sources else user]
     # (the turn so far; a list is never changed once sent)
 
-    toolbox = state.toolbox_for(call.memory_id, user) if state.tool_provider else state.toolbox
+    toolbox = (
+        state.toolbox_for(call.memory_id, user, call.context)
+        if state.tool_provider
+        else state.toolbox
+    )
     specifications = toolbox.specifications
     response_format = output.response_format
     parameters = state.parameters
@@ -371,7 +386,15 @@ def turn(state: ServiceState, call: Call) -> Turn:
             if info is not None:
                 for tool_request in requests:
                     emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
-            results: list[ToolExecution] = yield TOOLS, (toolbox, requests, call.memory_id)
+            results: list[ToolExecution] = yield (
+                TOOLS,
+                (
+                    toolbox,
+                    requests,
+                    call.memory_id,
+                    call.context,
+                ),
+            )
             if info is not None:
                 for execution in results:
                     emit(hooks.on_tool_end, info, execution)  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MemoryId", "UserName", "V"]
+__all__ = ["Context", "MemoryId", "UserName", "V"]
 
 # Plain classes rather than frozen dataclasses: they are made at `import aiservices`, where
 # a dataclass would cost a compile of each generated method.
@@ -29,6 +29,18 @@ class _Marker:
 
 class MemoryId(_Marker):
     """Marks the parameter that selects the conversation: ``Annotated[str, MemoryId]``."""
+
+    __slots__ = ()
+
+
+class Context(_Marker):
+    """Marks a per-call value for tools and providers, never sent to the model.
+
+    On a service method, ``Annotated[User, Context]`` is neither a template variable nor
+    part of the prompt. A tool declaring a parameter ``Annotated[T, Context]`` receives it
+    (``None`` from a method without one), as do ``system_message_provider`` and
+    ``tool_provider`` through a ``context`` keyword when they declare one.
+    """
 
     __slots__ = ()
 

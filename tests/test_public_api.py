@@ -65,6 +65,8 @@ EXPECTED = {
     "MemoryScope",
     "memory_scope",
     "current_memory_scope",
+    # tools with context
+    "Context",
 }
 
 
