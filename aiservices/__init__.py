@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from .stores.postgres import PostgresChatMemoryStore
     from .stores.redis import RedisChatMemoryStore
     from .stores.sqlite import SqliteChatMemoryStore
-    from .tools import ToolExecution, tool
+    from .tools import Tool, ToolExecution, tool
 
 __version__ = "0.1.0"
 
@@ -84,6 +84,7 @@ _LAZY = {
     "TurnCompleted": "._events",
     "AsyncTextStream": "._text_streams",
     "tool": ".tools",
+    "Tool": ".tools",
     "ToolExecution": ".tools",
     "Result": "._result",
     "ChatModel": ".models",
@@ -133,6 +134,7 @@ __all__ = [
     "TextDelta",
     "TextStream",
     "TokenUsage",
+    "Tool",
     "TokenWindowChatMemory",
     "ToolCallFinished",
     "ToolCallStarted",

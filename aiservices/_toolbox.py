@@ -24,6 +24,7 @@ from .errors import InterfaceError
 from .messages import ToolExecutionRequest
 from .models import ToolSpecification
 from .tools import (
+    Tool,
     ToolArgumentsError,
     ToolErrorHandler,
     ToolExecution,
@@ -44,12 +45,34 @@ _iscoroutine: Final = inspect.iscoroutine
 _VOID_TEXT: Final = "Success"
 
 
+class _SchemaSignature:
+    """A ``Tool``'s arguments: JSON checked against its schema, passed as keywords."""
+
+    __slots__ = ("tool",)
+    returns_nothing = False
+
+    def __init__(self, tool: Tool) -> None:
+        self.tool = tool
+
+    def bind(
+        self, arguments: str, memory_id: object, context: object = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        import json
+
+        try:
+            kwargs = json.loads(arguments or "{}")
+        except ValueError as exc:
+            raise ValueError(f"the arguments are not JSON ({exc})") from None
+        self.tool.check_arguments(kwargs)
+        return (), kwargs
+
+
 @dataclass(frozen=True, slots=True)
 class _ToolPlan:
     """Everything about one function as a tool, bound to no object."""
 
     spec: ToolSpecification
-    signature: ToolSignature
+    signature: ToolSignature | _SchemaSignature
     is_async: bool
     return_direct: bool
     none_text: str
@@ -188,7 +211,19 @@ def _is_function(item: object) -> TypeGuard[Callable[..., Any]]:
 
 def _collect(item: object, index: int, tools: list[_Tool], problems: list[str]) -> None:
     try:
-        if isinstance(item, type):
+        if isinstance(item, Tool):
+            plan = _ToolPlan(
+                spec=item.specification,
+                signature=_SchemaSignature(item),
+                is_async=_is_async(item.function),
+                return_direct=False,
+                none_text="null",
+                options=None,
+                skip_first=False,
+                where=repr(item),
+            )
+            tools.append(_Tool(plan, item.function))
+        elif isinstance(item, type):
             problems.append(
                 f"tools[{index}]: {item.__qualname__} is a class; pass an instance, whose "
                 "@tool methods become tools"
@@ -319,7 +354,7 @@ class Toolbox:
         plan = tool.plan
         try:
             args, kwargs = plan.signature.bind(request.arguments, memory_id, context)
-        except ValidationError as exc:
+        except ValueError as exc:  # pydantic's ValidationError is one too
             error: ToolExecutionError = _arguments_error(request, exc)
         else:
             try:
@@ -344,7 +379,7 @@ class Toolbox:
         plan = tool.plan
         try:
             args, kwargs = plan.signature.bind(request.arguments, memory_id, context)
-        except ValidationError as exc:
+        except ValueError as exc:  # pydantic's ValidationError is one too
             error: ToolExecutionError = _arguments_error(request, exc)
         else:
             try:
@@ -454,11 +489,12 @@ def _collect_all(items: Iterable[object]) -> list[_Tool]:
     return tools
 
 
-def _arguments_error(request: ToolExecutionRequest, exc: ValidationError) -> ToolArgumentsError:
+def _arguments_error(request: ToolExecutionRequest, exc: ValueError) -> ToolArgumentsError:
     from ._tool_schema import describe_validation_error
 
+    detail = describe_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
     error = ToolArgumentsError(
-        f"Invalid arguments for tool {request.name!r}: {describe_validation_error(exc)}. "
+        f"Invalid arguments for tool {request.name!r}: {detail}. "
         "Call it again with arguments that match its parameters.",
         request,
     )

@@ -12,7 +12,7 @@ AiServiceError
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar, overload
 
@@ -21,6 +21,7 @@ from .messages import ToolExecutionRequest, ToolExecutionResultMessage
 from .models import ToolSpecification
 
 __all__ = [
+    "Tool",
     "ToolArgumentsError",
     "ToolErrorHandler",
     "ToolErrorKind",
@@ -139,6 +140,69 @@ def tool_options(target: object) -> ToolOptions | None:
     """The options ``@tool`` set on ``target`` (a function, or a method's function)."""
     options = getattr(target, _TOOL_ATTRIBUTE, None)
     return options if isinstance(options, ToolOptions) else None
+
+
+class Tool:
+    """A tool made from a JSON schema and a callable, for tools that are not Python signatures.
+
+    ``parameters`` is an object schema of the arguments (JSON Schema, any draft the
+    ``jsonschema`` library knows); ``function`` (sync or ``async def``) is called with them
+    as keyword arguments and returns a string, or a value sent as JSON. The model's
+    arguments are validated against the schema first; an invalid call sends the validation
+    error back to the model. Goes in ``tools=[...]`` or comes from a ``tool_provider``.
+    """
+
+    __slots__ = ("_validator", "description", "function", "name", "parameters")
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        function: Callable[..., Any],
+    ) -> None:
+        if not isinstance(name, str) or not valid_tool_name(name):
+            raise ValueError(f"Tool({name!r}): a tool name is 1 to 64 letters, digits, '_' or '-'")
+        if not isinstance(description, str):
+            raise TypeError(f"Tool({name!r}): description must be a str")
+        if not callable(function):
+            raise TypeError(f"Tool({name!r}): function must be callable, got {function!r}")
+        if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
+            raise ValueError(
+                f"Tool({name!r}): parameters must be an object schema "
+                '({"type": "object", "properties": {...}}), got ' + repr(parameters)[:80]
+            )
+        from jsonschema import exceptions, validators
+
+        checker = validators.validator_for(parameters)
+        try:
+            checker.check_schema(dict(parameters))
+        except exceptions.SchemaError as exc:
+            raise ValueError(
+                f"Tool({name!r}): parameters is not a valid JSON schema: {exc.message}"
+            ) from None
+        self.name = name
+        self.description = description
+        self.parameters = parameters
+        self.function = function
+        self._validator = checker(parameters)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+    @property
+    def specification(self) -> ToolSpecification:
+        """What the model is shown of this tool."""
+        return ToolSpecification(self.name, self.description, self.parameters)
+
+    def check_arguments(self, arguments: object) -> None:
+        """Raise ``ValueError`` saying what is wrong unless ``arguments`` fit the schema."""
+        from jsonschema.exceptions import best_match
+
+        error = best_match(self._validator.iter_errors(arguments))  # type: ignore[arg-type]
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path)
+            raise ValueError(f"{where}: {error.message}" if where else error.message)
 
 
 ToolErrorKind: TypeAlias = Literal["arguments", "unknown_tool", "raised"]

@@ -65,8 +65,9 @@ EXPECTED = {
     "MemoryScope",
     "memory_scope",
     "current_memory_scope",
-    # tools with context
+    # tools with context, tools from a schema
     "Context",
+    "Tool",
 }
 
 

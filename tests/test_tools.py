@@ -26,6 +26,7 @@ def test_public_names() -> None:
     from aiservices import tools
 
     assert sorted(tools.__all__) == [
+        "Tool",
         "ToolArgumentsError",
         "ToolErrorHandler",
         "ToolErrorKind",
