@@ -30,6 +30,7 @@ from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 
 from .messages import AiMessage
 from .models import ResponseFormat
+from .models._strict import is_strict_schema
 
 __all__ = ["OutputPlan", "UnsupportedOutputType", "plan_output"]
 
@@ -443,21 +444,6 @@ def _wrap(schema: dict[str, Any]) -> dict[str, Any]:
     return wrapped
 
 
-# OpenAI's strict structured output accepts this subset of JSON Schema; anything else makes
-# the request fail, so a schema using it is sent with strict=False.
-_STRICT_KEYWORDS: Final = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "anyOf", "enum",
-    "const", "$ref", "$defs", "title", "description", "pattern", "format", "multipleOf",
-    "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "minItems", "maxItems",
-})  # fmt: skip
-_STRICT_FORMATS: Final = frozenset({
-    "date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
-})  # fmt: skip
-_STRICT_MAX_DEPTH: Final = 10
-_STRICT_MAX_PROPERTIES: Final = 5000
-_STRICT_MAX_ENUM_VALUES: Final = 1000
-
-
 def _tighten(schema: dict[str, Any]) -> bool:
     """Make ``schema`` as close to strict mode as is safe, in place; whether it fits.
 
@@ -472,12 +458,7 @@ def _tighten(schema: dict[str, Any]) -> bool:
     body = {k: v for k, v in schema.items() if k != "$defs"}
     schema.update(check.visit(body, ()))
     _drop_unused_defs(schema)
-    return (
-        check.fits
-        and check.properties <= _STRICT_MAX_PROPERTIES
-        and check.enum_values <= _STRICT_MAX_ENUM_VALUES
-        and _Depth(check.defs).of(schema) <= _STRICT_MAX_DEPTH
-    )
+    return is_strict_schema(schema)
 
 
 def _drop_unused_defs(schema: dict[str, Any]) -> None:
@@ -501,31 +482,20 @@ def _drop_unused_defs(schema: dict[str, Any]) -> None:
 
 
 class _StrictCheck:
-    __slots__ = ("defs", "enum_values", "fits", "properties")
+    """Brings a schema as close to strict mode as is safe; ``is_strict_schema`` judges."""
+
+    __slots__ = ("defs",)
 
     def __init__(self, defs: dict[str, Any]) -> None:
         self.defs = defs
-        self.fits = True
-        self.properties = 0
-        self.enum_values = 0
 
     def visit(self, node: Any, inlined: tuple[str, ...]) -> Any:
         if not isinstance(node, dict):
-            self.fits = False
             return node
         ref = node.get("$ref")
         if ref is not None and len(node) > 1:
             return self._inline(node, ref, inlined)
         node.pop("uniqueItems", None)
-        if not _STRICT_KEYWORDS.issuperset(node):
-            self.fits = False
-        if "type" not in node and ref is None and "anyOf" not in node:
-            self.fits = False
-        fmt = node.get("format")
-        if fmt is not None and fmt not in _STRICT_FORMATS:
-            self.fits = False
-        if "enum" in node:
-            self.enum_values += len(node["enum"])
         if node.get("type") == "object" or "properties" in node:
             self._object(node, inlined)
         items = node.get("items")
@@ -541,7 +511,6 @@ class _StrictCheck:
         extra = node.get("additionalProperties")
         if not isinstance(properties, dict):
             # dict[str, T]: the keys are not known in advance, which strict mode cannot say.
-            self.fits = False
             if isinstance(extra, dict):
                 node["additionalProperties"] = self.visit(extra, inlined)
             return
@@ -557,59 +526,22 @@ class _StrictCheck:
                 del prop["default"]
                 required.add(name)
         node["required"] = [name for name in properties if name in required]
-        if required != set(properties):
-            self.fits = False
         if extra is None:
             node["additionalProperties"] = False
-        elif extra is not False:
-            self.fits = False
-        self.properties += len(properties)
         for name, prop in properties.items():
             properties[name] = self.visit(prop, inlined)
 
     def _inline(self, node: dict[str, Any], ref: str, inlined: tuple[str, ...]) -> Any:
         # Strict mode takes no keywords beside a $ref, so a field's description next to the
         # reference to its type means copying the referenced schema in (once per path: a
-        # recursive type keeps its bare reference further down).
+        # recursive type keeps its bare reference further down, and so is not strict).
         name = ref.rsplit("/", 1)[-1]
         target = self.defs.get(name)
         if name in inlined or not isinstance(target, dict):
-            self.fits = False
             return node
         merged = copy.deepcopy(target)
         merged.update((k, v) for k, v in node.items() if k != "$ref")
         return self.visit(merged, (*inlined, name))
-
-
-class _Depth:
-    """How deeply objects nest, following references; a recursive reference adds nothing."""
-
-    __slots__ = ("defs", "known")
-
-    def __init__(self, defs: dict[str, Any]) -> None:
-        self.defs = defs
-        self.known: dict[str, int] = {}
-
-    def of(self, node: Any) -> int:
-        if isinstance(node, list):
-            return max((self.of(member) for member in node), default=0)
-        if not isinstance(node, dict):
-            return 0
-        deepest = 0
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            name = ref.rsplit("/", 1)[-1]
-            if name not in self.known and name in self.defs:
-                self.known[name] = 0
-                self.known[name] = self.of(self.defs[name])
-            deepest = self.known.get(name, 0)
-        properties = node.get("properties")
-        inner = [node.get("items"), node.get("anyOf"), node.get("additionalProperties")]
-        if isinstance(properties, dict):
-            inner.extend(properties.values())
-        deepest = max(deepest, *(self.of(n) for n in inner))
-        is_object = isinstance(properties, dict) or node.get("type") == "object"
-        return deepest + 1 if is_object else deepest
 
 
 def _admits_null(schema: dict[str, Any]) -> bool:

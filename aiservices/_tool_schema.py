@@ -108,7 +108,13 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
             continue
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
             positional.append((param.name, param.default))
-        annotation = Any if param.annotation is _EMPTY else param.annotation
+        if param.annotation is _EMPTY:
+            problems.append(
+                f"{pwhere}: the parameter has no type; annotate it (`{param.name}: str`, say) "
+                "so that the model is told what to send (`typing.Any` accepts anything)"
+            )
+            continue
+        annotation = param.annotation
         metadata: tuple[Any, ...] = (
             get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
         )

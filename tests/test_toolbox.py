@@ -190,7 +190,7 @@ def test_build_errors_are_gathered() -> None:
     with pytest.raises(InterfaceError) as info:
         Toolbox.from_objects([add, variadic, NoTools(), Shop, "echo", lambda x: x])
     problems = info.value.problems
-    assert len(problems) == 5, problems
+    assert len(problems) == 6, problems
     assert problems[0].startswith(
         "test_build_errors_are_gathered.<locals>.variadic(args): a tool cannot take *args"
     )
@@ -201,6 +201,8 @@ def test_build_errors_are_gathered() -> None:
     assert problems[3].startswith("tools[4]: 'echo' is neither a function nor an object")
     assert "'<lambda>' is not a valid tool name" in problems[4]
     assert "@tool(name=...)" in problems[4]
+    # A parameter without a type would reach the model as {} (strict mode refuses it).
+    assert "<lambda>(x): the parameter has no type; annotate it" in problems[5]
 
 
 def test_tools_must_be_a_collection() -> None:

@@ -51,13 +51,28 @@ class ResponseFormat:
 
 @dataclass(frozen=True, slots=True)
 class ChatRequestParameters:
-    """Per-request generation settings; ``None`` leaves the model's own default."""
+    """Per-request generation settings; ``None`` leaves the model's own default.
+
+    ``tool_choice`` (``"auto"``, ``"required"``, ``"none"``, or a tool's name) and
+    ``parallel_tool_calls`` go only with requests that offer tools. A request with tools
+    and no ``tool_choice`` asks for ``"auto"`` explicitly: servers that default to
+    ``"none"`` (llama.cpp's, LiteLLM in front of it) would otherwise ignore the tools.
+    """
 
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
     stop_sequences: Sequence[str] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+    tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None
+
+    def __post_init__(self) -> None:
+        choice = self.tool_choice
+        if choice is not None and (not isinstance(choice, str) or not choice):
+            raise ValueError(
+                f"tool_choice must be 'auto', 'required', 'none' or a tool name, not {choice!r}"
+            )
 
 
 _NO_PARAMETERS = ChatRequestParameters()

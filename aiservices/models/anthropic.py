@@ -243,9 +243,17 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                 kwargs["tool_choice"] = (
                     {"type": "any"} if request.tools else {"type": "tool", "name": output_tool}
                 )
+        p = request.parameters
+        # Anthropic's default is "auto" already: a choice goes only when one was made.
+        if request.tools and p.tool_choice is not None and "tool_choice" not in kwargs:
+            kwargs["tool_choice"] = _tool_choice(p.tool_choice)
         if tools:
             kwargs["tools"] = tools
-        p = request.parameters
+            if p.parallel_tool_calls is False:
+                kwargs["tool_choice"] = {
+                    **kwargs.get("tool_choice", {"type": "auto"}),
+                    "disable_parallel_tool_use": True,
+                }
         if p.temperature is not None:
             _put(kwargs, "temperature", p.temperature)
         if p.top_p is not None:
@@ -342,6 +350,16 @@ def _tool_input(request: ToolExecutionRequest) -> Any:
 
 
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _tool_choice(choice: str) -> dict[str, Any]:
+    if choice == "auto":
+        return {"type": "auto"}
+    if choice == "required":
+        return {"type": "any"}
+    if choice == "none":
+        return {"type": "none"}
+    return {"type": "tool", "name": choice}
 
 
 def _output_tool_name(fmt: ResponseFormat, tools: Sequence[ToolSpecification]) -> str:

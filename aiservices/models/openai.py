@@ -40,6 +40,7 @@ from ._sdk import (
     merge_extra,
     plain,
 )
+from ._strict import is_strict_schema
 
 if TYPE_CHECKING:
     # The SDK takes httpx or httpx2 clients; neither is imported unless a caller made one.
@@ -226,13 +227,16 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         kwargs = dict(self._defaults)
         kwargs["model"] = self.model_name
         kwargs["messages"] = _to_openai_messages(request.messages)
+        p = request.parameters
         if request.tools:
             kwargs["tools"] = cached_each(self._tool_cache, request.tools, _to_openai_tool)
+            kwargs["tool_choice"] = _tool_choice(p.tool_choice)
+            if p.parallel_tool_calls is not None:
+                kwargs["parallel_tool_calls"] = p.parallel_tool_calls
         if request.response_format is not None and self._structured_output:
             kwargs["response_format"] = cached(
                 self._format_cache, request.response_format, _to_openai_response_format
             )
-        p = request.parameters
         if p.temperature is not None:
             kwargs["temperature"] = p.temperature
         if p.top_p is not None:
@@ -251,6 +255,12 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
 
 
 # -- request mapping helpers -----------------------------------------------------------------
+
+
+def _tool_choice(choice: str | None) -> str | dict[str, Any]:
+    if choice is None or choice in ("auto", "required", "none"):
+        return choice or "auto"
+    return {"type": "function", "function": {"name": choice}}
 
 
 def _to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -306,7 +316,7 @@ def _to_openai_tool(spec: ToolSpecification) -> dict[str, Any]:
     if spec.description:
         function["description"] = spec.description
     function["parameters"] = parameters
-    if _is_strict_schema(parameters):
+    if is_strict_schema(parameters):
         function["strict"] = True
     return {"type": "function", "function": function}
 
@@ -325,79 +335,6 @@ def _to_openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
 
 def _schema_name(name: str) -> str:
     return _NAME_BAD_CHARS.sub("_", name)[:64] or "response"
-
-
-# OpenAI's strict structured outputs accept a subset of JSON Schema.
-_STRICT_KEYWORDS: Final = frozenset(
-    {
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "items",
-        "anyOf",
-        "enum",
-        "const",
-        "description",
-        "title",
-        "$ref",
-        "$defs",
-        "definitions",
-        "pattern",
-        "format",
-        "multipleOf",
-        "maximum",
-        "exclusiveMaximum",
-        "minimum",
-        "exclusiveMinimum",
-        "minItems",
-        "maxItems",
-    }
-)
-_STRICT_FORMATS: Final = frozenset(
-    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
-)
-
-
-def _is_strict_schema(schema: Mapping[str, Any]) -> bool:
-    """Whether OpenAI's strict mode accepts ``schema``: an object root, every object closed
-    (``additionalProperties: false``) with every property required, and supported keywords only.
-    """
-    return isinstance(schema, Mapping) and schema.get("type") == "object" and _strict(schema)
-
-
-def _strict(node: Any) -> bool:
-    if not isinstance(node, Mapping):
-        return False
-    for key in node:
-        if key not in _STRICT_KEYWORDS:
-            return False
-    fmt = node.get("format")
-    if fmt is not None and fmt not in _STRICT_FORMATS:
-        return False
-    kind = node.get("type")
-    props = node.get("properties")
-    if props is not None or kind == "object" or (isinstance(kind, list) and "object" in kind):
-        if node.get("additionalProperties") is not False:
-            return False
-        props = props or {}
-        if not isinstance(props, Mapping) or set(node.get("required", ())) != set(props):
-            return False
-        if not all(_strict(p) for p in props.values()):
-            return False
-    items = node.get("items")
-    if items is not None and not _strict(items):
-        return False
-    any_of = node.get("anyOf")
-    if any_of is not None and not (isinstance(any_of, list) and all(_strict(v) for v in any_of)):
-        return False
-    for key in ("$defs", "definitions"):
-        defs = node.get(key)
-        if defs is not None and not (
-            isinstance(defs, Mapping) and all(_strict(v) for v in defs.values())
-        ):
-            return False
-    return True
 
 
 # -- response mapping ----------------------------------------------------------------------

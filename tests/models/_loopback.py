@@ -48,6 +48,7 @@ class LoopbackServer:
 
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
+        self.violations: list[str] = []  # requests the real API would have refused
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -101,7 +102,15 @@ class LoopbackServer:
     def last(self) -> Recorded:
         return self.requests[-1]
 
+    def check(self, recorded: Recorded) -> str | None:
+        """What is wrong with a request, as the real API would refuse it; ``None``: nothing."""
+        return None
+
     def _next(self, recorded: Recorded) -> Reply:
+        problem = self.check(recorded)
+        if problem is not None:
+            self.violations.append(problem)
+            return Reply(400, {"error": {"message": problem, "type": "invalid_request_error"}})
         with self._lock:
             self.requests.append(recorded)
             if self._replies:

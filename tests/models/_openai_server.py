@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from _loopback import LoopbackServer, Reply
+from _loopback import LoopbackServer, Recorded, Reply
 
 MODEL = "gpt-test-mini"
 
@@ -22,6 +22,31 @@ class OpenAIServer(LoopbackServer):
     @property
     def base_url(self) -> str:
         return f"{self.origin}/v1"
+
+    def check(self, recorded: Recorded) -> str | None:
+        """OpenAI's rules for tool choice and strict schemas, on every request."""
+        body = recorded.body
+        if not isinstance(body, dict) or not recorded.path.endswith("/chat/completions"):
+            return None
+        if body.get("tools"):
+            if "tool_choice" not in body:
+                return "tools without tool_choice: llama.cpp and LiteLLM then ignore them"
+            for spec in body["tools"]:
+                function = spec.get("function", {})
+                if function.get("strict"):
+                    problem = strict_problem(function.get("parameters"), "parameters")
+                    if problem:
+                        return f"tool {function.get('name')!r} is strict but {problem}"
+        elif "tool_choice" in body or "parallel_tool_calls" in body:
+            return "tool_choice or parallel_tool_calls without tools"
+        fmt = body.get("response_format")
+        if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            schema = fmt.get("json_schema", {})
+            if schema.get("strict"):
+                problem = strict_problem(schema.get("schema"), "schema")
+                if problem:
+                    return f"response_format is strict but {problem}"
+        return None
 
     def reply_text(
         self,
@@ -184,3 +209,32 @@ def chunks(
             }
         )
     return out
+
+
+def strict_problem(node: Any, where: str) -> str | None:
+    """Why OpenAI's strict mode would refuse ``node`` (its documented rules), or ``None``."""
+    if not isinstance(node, dict):
+        return f"{where} is not a schema"
+    if not ({"type", "anyOf", "$ref", "enum", "const"} & set(node)):
+        return f"{where} has no 'type' key"
+    for definition, sub in node.get("$defs", {}).items():
+        problem = strict_problem(sub, f"{where}.$defs.{definition}")
+        if problem:
+            return problem
+    if node.get("type") == "object" or "properties" in node:
+        properties = node.get("properties", {})
+        if node.get("additionalProperties") is not False:
+            return f"{where} does not set additionalProperties: false"
+        if set(node.get("required", [])) != set(properties):
+            return f"{where} does not require every property"
+        for name, sub in properties.items():
+            problem = strict_problem(sub, f"{where}.{name}")
+            if problem:
+                return problem
+    if "items" in node:
+        return strict_problem(node["items"], f"{where}[]")
+    for i, sub in enumerate(node.get("anyOf", [])):
+        problem = strict_problem(sub, f"{where}.anyOf[{i}]")
+        if problem:
+            return problem
+    return None

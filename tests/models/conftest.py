@@ -35,6 +35,7 @@ def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def openai_server() -> Iterator[OpenAIServer]:
     with OpenAIServer() as server:
         yield server
+    assert not server.violations, server.violations
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ from aiservices.models import (
     TokenUsage,
     ToolSpecification,
 )
-from aiservices.models.openai import LOCAL_SERVER_API_KEY, OpenAIChatModel, _is_strict_schema
+from aiservices.models._strict import is_strict_schema
+from aiservices.models.openai import LOCAL_SERVER_API_KEY, OpenAIChatModel
 
 Make = Callable[..., OpenAIChatModel]
 
@@ -767,7 +768,20 @@ def _obj(props: dict[str, Any], **more: Any) -> dict[str, Any]:
         (_obj({"a": {"allOf": [{"type": "string"}]}}), False),
         ({"type": "array", "items": {"type": "string"}}, False),
         ({"anyOf": [_obj({})]}, False),
+        # A parameter of any type: OpenAI answers "schema must have a 'type' key".
+        (_obj({"a": {}}), False),
+        (_obj({"a": {"description": "anything"}}), False),
+        # Nothing may stand beside a reference.
+        (
+            _obj(
+                {"a": {"$ref": "#/$defs/B", "description": "b"}},
+                **{"$defs": {"B": _obj({"c": {"type": "number"}})}},
+            ),
+            False,
+        ),
+        (_obj({"a": {"type": "string", "enum": [str(i) for i in range(1001)]}}), False),
     ],
 )
 def test_strict_schema_rule(schema: dict[str, Any], strict: bool) -> None:
-    assert _is_strict_schema(schema) is strict
+    # One rule for tool parameters and answer formats (aiservices.models._strict).
+    assert is_strict_schema(schema) is strict

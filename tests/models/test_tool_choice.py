@@ -1,0 +1,110 @@
+"""Tool choice: sent whenever tools are offered and never without them, on both providers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from _anthropic_server import AnthropicServer
+from _openai_server import OpenAIServer
+
+from aiservices.messages import UserMessage
+from aiservices.models import ChatRequest, ChatRequestParameters, ToolSpecification
+
+WEATHER = ToolSpecification(
+    "get_weather",
+    "The weather in a city.",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+)
+ASK = [UserMessage("Weather in Oslo?")]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "choice", "parallel"),
+    [
+        (ChatRequestParameters(), "auto", None),
+        (ChatRequestParameters(tool_choice="required"), "required", None),
+        (ChatRequestParameters(tool_choice="none", parallel_tool_calls=False), "none", False),
+        (
+            ChatRequestParameters(tool_choice="get_weather"),
+            {"type": "function", "function": {"name": "get_weather"}},
+            None,
+        ),
+    ],
+)
+def test_openai_requests_with_tools_carry_a_tool_choice(
+    openai_server: OpenAIServer,
+    openai_model: Callable[..., Any],
+    parameters: ChatRequestParameters,
+    choice: Any,
+    parallel: bool | None,
+) -> None:
+    model = openai_model()
+    openai_server.reply_text("ok")
+    model.chat(ChatRequest(ASK, [WEATHER], parameters=parameters))
+    body = openai_server.last.body
+    assert body["tool_choice"] == choice
+    assert body.get("parallel_tool_calls") == parallel
+    # The tool's schema qualifies for strict mode, checked by the one rule.
+    assert body["tools"][0]["function"]["strict"] is True
+
+
+def test_openai_requests_without_tools_carry_no_tool_options(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    model = openai_model()
+    openai_server.reply_text("ok")
+    parameters = ChatRequestParameters(tool_choice="required", parallel_tool_calls=False)
+    model.chat(ChatRequest(ASK, [], parameters=parameters))
+    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(openai_server.last.body)
+
+
+def test_a_schema_openai_strict_mode_refuses_is_sent_without_strict(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    anything = ToolSpecification(
+        "note", "", {"type": "object", "properties": {"value": {}}, "required": ["value"]}
+    )
+    model = openai_model()
+    openai_server.reply_text("ok")
+    model.chat(ChatRequest(ASK, [anything]))
+    assert "strict" not in openai_server.last.body["tools"][0]["function"]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "choice"),
+    [
+        (ChatRequestParameters(), None),
+        (ChatRequestParameters(tool_choice="required"), {"type": "any"}),
+        (ChatRequestParameters(tool_choice="none"), {"type": "none"}),
+        (ChatRequestParameters(tool_choice="get_weather"), {"type": "tool", "name": "get_weather"}),
+        (
+            ChatRequestParameters(parallel_tool_calls=False),
+            {"type": "auto", "disable_parallel_tool_use": True},
+        ),
+    ],
+)
+def test_anthropic_maps_the_tool_choice(
+    anthropic_server: AnthropicServer,
+    anthropic_model: Callable[..., Any],
+    parameters: ChatRequestParameters,
+    choice: Any,
+) -> None:
+    model = anthropic_model()
+    anthropic_server.reply_text("ok")
+    model.chat(ChatRequest(ASK, [WEATHER], parameters=parameters))
+    assert anthropic_server.last.body.get("tool_choice") == choice
+    anthropic_server.reply_text("ok")
+    model.chat(ChatRequest(ASK, [], parameters=parameters))
+    assert "tool_choice" not in anthropic_server.last.body
+
+
+def test_a_tool_choice_must_be_a_name() -> None:
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        ChatRequestParameters(tool_choice="")
