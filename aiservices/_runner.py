@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._conversations import settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
-from ._text_streams import AsyncTextStream, TextStream
+from ._text_streams import AsyncTextStream, ResultBox, TextStream
 from ._turn import (
     CALL,
     COMMIT,
@@ -79,10 +79,8 @@ def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> An
 
 def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> TextStream:
     """Start a streaming call: bind now, run when the first chunk is asked for."""
-    call = bind(state, plan, args)
-    stream = TextStream.__new__(TextStream)
-    TextStream.__init__(stream, _texts(_events(state, call), stream))
-    return stream
+    box = ResultBox()
+    return TextStream(_texts(_events(state, bind(state, plan, args)), box), box)
 
 
 def events_sync(
@@ -93,7 +91,7 @@ def events_sync(
 
 
 def _texts(
-    events: Generator[StreamEvent, None, None], sink: TextStream
+    events: Generator[StreamEvent, None, None], sink: ResultBox
 ) -> Generator[str, None, None]:
     try:
         for event in events:
@@ -108,6 +106,7 @@ def _texts(
 def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, None]:
     # The conversation is held from the first event asked for until the stream ends.
     conversation = _hold(state, call)
+    completed = False
     try:
         model = state.model or state.chat_model()
         running = turn(state, call)
@@ -132,13 +131,15 @@ def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, Non
                 except Exception as raised:
                     error = raised
         except StopIteration as stop:
+            completed = True  # recorded and reported: closing from here on is no failure
             direct = unstreamed_text(stop.value)
             if direct:
                 yield TextDelta(direct)
             yield TurnCompleted(stop.value)
     except BaseException as error:
         # An early close (GeneratorExit) or a cancellation ends the call too.
-        failed(state, call, error)
+        if not completed:
+            failed(state, call, error)
         raise
     finally:
         if conversation is not None:
@@ -232,10 +233,8 @@ async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
 
 def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncTextStream:
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
-    call = bind(state, plan, args)
-    stream = AsyncTextStream.__new__(AsyncTextStream)
-    AsyncTextStream.__init__(stream, _atexts(_aevents(state, call), stream))
-    return stream
+    box = ResultBox()
+    return AsyncTextStream(_atexts(_aevents(state, bind(state, plan, args)), box), box)
 
 
 def events_async(
@@ -246,7 +245,7 @@ def events_async(
 
 
 async def _atexts(
-    events: AsyncGenerator[StreamEvent, None], sink: AsyncTextStream
+    events: AsyncGenerator[StreamEvent, None], sink: ResultBox
 ) -> AsyncGenerator[str, None]:
     try:
         async for event in events:
@@ -260,6 +259,7 @@ async def _atexts(
 
 async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEvent, None]:
     conversation = await _ahold(state, call)
+    completed = False
     try:
         model = state.model or state.chat_model()
         astream = getattr(model, "astream", None)
@@ -295,12 +295,14 @@ async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEven
                 except Exception as raised:
                     error = raised
         except StopIteration as stop:
+            completed = True
             direct = unstreamed_text(stop.value)
             if direct:
                 yield TextDelta(direct)
             yield TurnCompleted(stop.value)
     except BaseException as error:
-        failed(state, call, error)
+        if not completed:
+            failed(state, call, error)
         raise
     finally:
         if conversation is not None:

@@ -12,7 +12,21 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._result import Result
 
-__all__ = ["AsyncTextStream", "TextStream"]
+__all__ = ["AsyncTextStream", "ResultBox", "TextStream"]
+
+
+class ResultBox:
+    """Where a stream's driver leaves the call's result.
+
+    The driver holds the box, not the stream: a stream dropped unfinished is then freed at
+    once, which closes its driver and releases the conversation, rather than waiting in a
+    reference cycle for the garbage collector.
+    """
+
+    __slots__ = ("result",)
+
+    def __init__(self) -> None:
+        self.result: Result[str] | None = None
 
 
 class TextStream(Iterator[str]):
@@ -23,11 +37,16 @@ class TextStream(Iterator[str]):
     executions. Declare ``-> TextStream`` instead of ``-> Iterator[str]`` to have it typed.
     """
 
-    __slots__ = ("_chunks", "result")
+    __slots__ = ("_box", "_chunks")
 
-    def __init__(self, chunks: Generator[str, None, None]) -> None:
+    def __init__(self, chunks: Generator[str, None, None], box: ResultBox | None = None) -> None:
         self._chunks = chunks
-        self.result: Result[str] | None = None
+        self._box = ResultBox() if box is None else box
+
+    @property
+    def result(self) -> Result[str] | None:
+        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
+        return self._box.result
 
     def __iter__(self) -> TextStream:
         return self
@@ -49,11 +68,16 @@ class TextStream(Iterator[str]):
 class AsyncTextStream(AsyncIterator[str]):
     """The async form of ``TextStream``: ``async for`` it, then read ``result``."""
 
-    __slots__ = ("_chunks", "result")
+    __slots__ = ("_box", "_chunks")
 
-    def __init__(self, chunks: AsyncGenerator[str, None]) -> None:
+    def __init__(self, chunks: AsyncGenerator[str, None], box: ResultBox | None = None) -> None:
         self._chunks = chunks
-        self.result: Result[str] | None = None
+        self._box = ResultBox() if box is None else box
+
+    @property
+    def result(self) -> Result[str] | None:
+        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
+        return self._box.result
 
     def __aiter__(self) -> AsyncTextStream:
         return self

@@ -79,12 +79,14 @@ async def websocket_scope(websocket: WebSocket) -> AsyncIterator[MemoryScope]:
 
 def _session_id(cookie: str | None) -> str | None:
     # Only ids of the form this dependency makes: a client cannot name a conversation.
-    if cookie is None:
+    if cookie is None or len(cookie) != 36:
         return None
     try:
-        return str(uuid.UUID(cookie, version=4)) if len(cookie) == 36 else None
+        parsed = uuid.UUID(cookie)
     except ValueError:
         return None
+    # `UUID(..., version=4)` would set the version bits instead of checking them.
+    return cookie if parsed.version == 4 and str(parsed) == cookie else None
 
 
 RequestScope = Annotated[MemoryScope, Depends(request_scope)]

@@ -65,12 +65,12 @@ class ToolExecutionRequest(_Frozen):
 
 class _Message(_Frozen):
     _content: ClassVar[tuple[str, ...]] = ()
-    _all_fields: ClassVar[frozenset[str]] = frozenset()
+    _all_fields: ClassVar[set[str]] = set()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        cls._all_fields = frozenset(cls.model_fields)
+        cls._all_fields = _SharedFields(cls.model_fields)
 
     type: str = Field(repr=False)
     message_id: str | None = Field(default=None, repr=False)
@@ -117,6 +117,20 @@ class _Message(_Frozen):
         return copied
 
 
+class _SharedFields(set[str]):
+    """The fields set every recorded message of a class shares: a set, as pydantic needs,
+    that refuses changes (a copy gets a set of its own)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError("this fields set is shared by recorded messages; change a copy")
+
+    add = discard = remove = pop = clear = update = _refuse
+    intersection_update = difference_update = symmetric_difference_update = _refuse
+    __ior__ = __iand__ = __isub__ = __ixor__ = _refuse
+
+
 _Msg = TypeVar("_Msg", bound=_Message)
 _new = object.__new__
 # pydantic keeps instance state in slots; their descriptors set it past the frozen check.
@@ -130,8 +144,8 @@ def unchecked_message(cls: type[_Msg], values: dict[str, object]) -> _Msg:
     """A message of ``cls`` made from ``values`` known valid, without validation.
 
     For the framework's hot paths: ``values`` names every field and becomes the message's
-    ``__dict__`` as it is. The message shares its class's frozen fields set (a set of its
-    own would cost about 470 bytes per message).
+    ``__dict__`` as it is. The message shares its class's read-only fields set (a set of
+    its own would cost about 470 bytes per message).
     """
     instance = _new(cls)
     _set_dict(instance, "__dict__", values)

@@ -17,6 +17,7 @@ erases it (memory, stored messages, history), ``"evict"`` drops only the cached 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Hashable
@@ -73,10 +74,13 @@ class MemoryScope:
     def _leave(self) -> list[_Service]:
         token, self._token = self._token, None
         assert token is not None
-        _current.reset(token)
         with self._lock:
             services = list(self._services.values())
             self._services.clear()
+        # Left in another context than it was entered in (an async generator finalised by
+        # the event loop, say), the reset fails: that context is gone, and the exit applies.
+        with contextlib.suppress(ValueError):
+            _current.reset(token)
         return services if self.on_exit != "keep" else []
 
     def __enter__(self) -> MemoryScope:

@@ -223,3 +223,49 @@ def test_event_streams_are_declared_as_iterators_of_stream_events() -> None:
 
     with pytest.raises(InterfaceError, match="yields str or StreamEvent"):
         ai_service(Wrong, model=StreamingModel())
+
+
+def test_a_stream_abandoned_midway_releases_its_conversation_at_once() -> None:
+    import threading
+
+    bot = ai_service(
+        Bot,
+        model=StreamingModel(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        tools=[weather],
+    )
+    for _ in bot.text("u", "Weather in Oslo?"):
+        break  # the stream is dropped here, unfinished
+    done = threading.Event()
+
+    def next_call() -> None:
+        list(bot.events("u", "again"))
+        done.set()
+
+    threading.Thread(target=next_call, daemon=True).start()
+    assert done.wait(5), "the conversation stayed locked by the abandoned stream"
+
+
+def test_closing_a_stream_after_its_turn_completed_is_no_failure() -> None:
+    ended: list[str] = []
+
+    class Listener:
+        def on_call_end(self, info: Any, result: Any) -> None:
+            ended.append("end")
+
+        def on_error(self, info: Any, error: BaseException) -> None:
+            ended.append(f"error {type(error).__name__}")
+
+    bot = ai_service(
+        Bot,
+        model=StreamingModel(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        tools=[weather],
+        listeners=[Listener()],
+    )
+    stream = bot.events("u", "Weather in Oslo?")
+    for event in stream:
+        if isinstance(event, TurnCompleted):
+            break
+    stream.close()  # type: ignore[attr-defined]
+    assert ended == ["end"]

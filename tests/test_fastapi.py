@@ -233,3 +233,14 @@ def _count(path: Path, memory_id: Any) -> int:
             "SELECT count(*) FROM chat_messages WHERE memory_key = ?", (str(memory_id),)
         ).fetchone()[0]
     return int(found)
+
+
+def test_only_session_ids_of_the_form_the_dependency_makes_are_accepted() -> None:
+    from aiservices.fastapi import _session_id
+
+    made = "3f1e2d4c-5b6a-4789-8abc-0123456789ab"
+    assert _session_id(made) == made
+    assert _session_id("00000000-0000-0000-0000-000000000000") is None  # not version 4
+    assert _session_id(made.upper()) is None  # not as made
+    assert _session_id("3f1e2d4c5b6a47898abc0123456789ab") is None
+    assert _session_id(None) is None

@@ -215,3 +215,31 @@ def test_recorded_messages_share_a_frozen_fields_set_and_copies_get_their_own() 
         assert copied.model_fields_set is not ai_a.model_fields_set
     assert ai_a.text == "one"
     assert user_a.model_fields_set == set(UserMessage.model_fields)
+
+
+def test_recorded_messages_dump_copy_and_pickle_as_any_message() -> None:
+    import pickle
+    from typing import Annotated, Protocol
+
+    from aiservices import MemoryId, MessageWindowChatMemory, ai_service
+    from aiservices.testing import ScriptedChatModel
+
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> AiMessage: ...
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel("hello"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+    )
+    answer = bot.chat("a", "hi")
+    user = bot.get_chat_memory("a").messages()[0]  # type: ignore[attr-defined]
+    for message in (answer, user):
+        dumped = message.model_dump(exclude_unset=True)
+        assert dumped["message_id"] == message.message_id
+        assert message.model_dump_json(exclude_unset=True)
+        again = pickle.loads(pickle.dumps(message))
+        assert again == message
+        assert again.message_id == message.message_id
+    with pytest.raises(TypeError, match="shared by recorded messages"):
+        user.model_fields_set.add("x")

@@ -333,3 +333,35 @@ def test_async_memory_access_does_what_the_sync_forms_do() -> None:
         assert store.get_messages("a") == []
 
     asyncio.run(main())
+
+
+def test_a_scope_left_in_another_context_still_applies_its_exit() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    problems: list[Any] = []
+
+    async def answers() -> Any:
+        async with memory_scope():
+            yield await bot.chat("a")
+            yield await bot.chat("b")
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: problems.append(ctx))
+
+        async def consume() -> None:
+            stream = answers()
+            await stream.__anext__()  # abandoned after one answer, as by a client gone
+
+        await asyncio.create_task(consume())
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0.05)  # the loop finalises the generator in a context of its own
+
+    asyncio.run(main())
+    assert problems == []
+    assert list(store.memory_ids()) == []

@@ -289,22 +289,22 @@ class PostgresChatMemoryStore:
         A conversation is idle since its last write: the newest message stored, or the
         newest eviction into history. Its window, history and counter go, as with
         :meth:`forget`; a conversation a writer holds at that moment is left for the next
-        purge. One statement; it reads every row's time, so run it now and then.
+        purge. One transaction at ``REPEATABLE READ``: a write that lands while it runs
+        makes it fail with ``psycopg.errors.SerializationFailure`` rather than erase what
+        was just written (the periodic purge logs that and tries again next interval). It
+        reads every row's time, so run it now and then.
         """
-        cutoff = _cutoff(older_than)
-        return int(
-            self._run(
-                _single(_Query(self._sql.purge, (cutoff, cutoff), fetch=True)), transaction=True
-            )[0][0]
-        )
+        return int(self._run(self._purge_op(older_than), transaction=True))
 
     async def apurge_idle(self, older_than: timedelta) -> int:
         """:meth:`purge_idle` for async callers."""
+        return int(await self._arun(self._purge_op(older_than), transaction=True))
+
+    def _purge_op(self, older_than: timedelta) -> _Op:
         cutoff = _cutoff(older_than)
-        rows = await self._arun(
-            _single(_Query(self._sql.purge, (cutoff, cutoff), fetch=True)), transaction=True
-        )
-        return int(rows[0][0])
+        yield _Query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        rows = yield _Query(self._sql.purge, (cutoff, cutoff), fetch=True)
+        return rows[0][0]
 
     def _purge_by_retention(self) -> None:
         retention = self.retention
