@@ -212,17 +212,11 @@ def _is_function(item: object) -> TypeGuard[Callable[..., Any]]:
 def _collect(item: object, index: int, tools: list[_Tool], problems: list[str]) -> None:
     try:
         if isinstance(item, Tool):
-            plan = _ToolPlan(
-                spec=item.specification,
-                signature=_SchemaSignature(item),
-                is_async=_is_async(item.function),
-                return_direct=False,
-                none_text="null",
-                options=None,
-                skip_first=False,
-                where=repr(item),
-            )
-            tools.append(_Tool(plan, item.function))
+            tools.append(_schema_tool(item))
+        elif not isinstance(item, type) and callable(getattr(item, "aiservices_tools", None)):
+            # A toolset (an MCP server's, say): the tools it offers now.
+            offered: Iterable[Tool] = item.aiservices_tools()  # type: ignore[attr-defined]
+            tools.extend(_schema_tool(found) for found in offered)
         elif isinstance(item, type):
             problems.append(
                 f"tools[{index}]: {item.__qualname__} is a class; pass an instance, whose "
@@ -249,6 +243,20 @@ def _collect(item: object, index: int, tools: list[_Tool], problems: list[str]) 
                 tools.append(_Tool(plan, bound))
     except InterfaceError as exc:
         problems.extend(exc.problems)
+
+
+def _schema_tool(item: Tool) -> _Tool:
+    plan = _ToolPlan(
+        spec=item.specification,
+        signature=_SchemaSignature(item),
+        is_async=_is_async(item.function),
+        return_direct=False,
+        none_text="null",
+        options=None,
+        skip_first=False,
+        where=repr(item),
+    )
+    return _Tool(plan, item.function)
 
 
 def _describe(item: object) -> str:

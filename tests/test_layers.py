@@ -18,6 +18,7 @@ SDKS = {
     "opentelemetry",
     "fastapi",
     "starlette",
+    "mcp",
 }
 DRIVER_MODULES = {
     "models/openai.py": {"openai", "httpx"},
@@ -27,6 +28,7 @@ DRIVER_MODULES = {
     "stores/postgres.py": {"psycopg", "psycopg_pool"},
     "otel.py": {"opentelemetry"},
     "fastapi.py": {"fastapi"},
+    "mcp.py": {"mcp"},
 }
 
 

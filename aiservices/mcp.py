@@ -1,0 +1,292 @@
+"""MCP servers as toolsets: the tools of a Model Context Protocol server, offered to a service.
+
+```python
+from aiservices.mcp import McpToolset
+
+with McpToolset.stdio("python", ["weather_server.py"]) as weather:
+    bot = ai_service(Assistant, model=..., tools=[weather])
+    bot.chat("Weather in Oslo?")
+
+files = McpToolset.http("http://127.0.0.1:8000/mcp", headers={"Authorization": "Bearer ..."},
+                        filter=lambda name: name.startswith("read_"))
+```
+
+The toolset connects when a service is built with it (listing the server's tools once)
+and keeps one connection, run by an event loop of its own in a background thread: sync and
+async service methods alike call tools through it, with no event loop started per call and
+no deadlock inside a running loop. A tool that fails on the server comes back to the model
+as text; a connection that breaks fails that call (the error goes back to the model too) and
+the next call connects again. Close the toolset with ``close()`` / ``aclose()`` or by using
+it as a context manager. Needs the MCP SDK: ``pip install "aiservices[mcp]"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from typing import Any, Self
+
+try:
+    from mcp import Client, StdioServerParameters
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError('aiservices.mcp needs the MCP SDK: pip install "aiservices[mcp]"') from exc
+
+from .tools import Tool, valid_tool_name
+
+__all__ = ["McpToolError", "McpToolset"]
+
+_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class McpToolError(Exception):
+    """An MCP server answered a tool call with an error; the message is its text."""
+
+
+class McpToolset:
+    """The tools of one MCP server, for ``tools=[...]``; make one with :meth:`stdio` or
+    :meth:`http`."""
+
+    def __init__(
+        self,
+        server: StdioServerParameters | str | Any,
+        *,
+        filter: Callable[[str], bool] | None = None,  # noqa: A002 - the name design.md gives
+        timeout: float | None = 60.0,
+        label: str | None = None,
+    ) -> None:
+        """``server`` is what ``mcp.Client`` connects to: stdio parameters, a URL, a transport."""
+        if filter is not None and not callable(filter):
+            raise TypeError(f"filter must be a callable name -> bool, not {filter!r}")
+        self._server = server
+        self._filter = filter
+        self._timeout = timeout
+        self._label = label or repr(server)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._tools: list[Tool] | None = None
+        self._closed = False
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        filter: Callable[[str], bool] | None = None,  # noqa: A002
+    ) -> McpToolset:
+        """A server run as a subprocess, spoken to over its stdin and stdout."""
+        parameters = StdioServerParameters(
+            command=command, args=list(args), env=None if env is None else dict(env)
+        )
+        return cls(parameters, filter=filter, label=f"McpToolset.stdio({command!r})")
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        filter: Callable[[str], bool] | None = None,  # noqa: A002
+    ) -> McpToolset:
+        """A server reached over streamable HTTP at ``url``."""
+        server: Any = url
+        if headers:
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            given = dict(headers)
+
+            @contextlib.asynccontextmanager
+            async def transport() -> AsyncIterator[Any]:
+                # A client handed to the transport is the caller's to close.
+                async with (
+                    create_mcp_http_client(given) as client,
+                    streamable_http_client(url, http_client=client) as streams,
+                ):
+                    yield streams
+
+            server = _Fresh(transport)
+        return cls(server, filter=filter, label=f"McpToolset.http({url!r})")
+
+    def __repr__(self) -> str:
+        return self._label
+
+    # -- what a service asks of a toolset ----------------------------------------------------
+
+    def aiservices_tools(self) -> list[Tool]:
+        """The server's tools (those ``filter`` keeps), listed once, as ``Tool`` objects."""
+        if self._tools is None:
+            listed = self._run(self._list())
+            self._tools = [self._tool(spec) for spec in listed if self._keeps(spec.name)]
+        return list(self._tools)
+
+    def _keeps(self, name: str) -> bool:
+        return self._filter is None or bool(self._filter(name))
+
+    def _tool(self, spec: Any) -> Tool:
+        remote = spec.name
+        name = remote if valid_tool_name(remote) else _INVALID_NAME_CHARS.sub("_", remote)[:64]
+
+        def call(**arguments: Any) -> Any:
+            return self._run(self._call(remote, arguments))
+
+        schema = dict(spec.input_schema or {"type": "object", "properties": {}})
+        schema.setdefault("type", "object")
+        return Tool(name or "tool", spec.description or "", schema, call)
+
+    # -- the background loop -----------------------------------------------------------------
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError(f"{self._label} is closed")
+        loop = self._start()
+        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        return future.result(self._timeout)
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="aiservices-mcp", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    async def _client(self) -> Any:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            connection = self._connection
+            if connection is None or not connection.alive:
+                connection = self._connection = _Connection(self._server)
+                await connection.open()
+            return connection.client
+
+    async def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    async def _list(self) -> list[Any]:
+        client = await self._client()
+        tools: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            tools += page.tools
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> Any:
+        client = await self._client()
+        try:
+            result = await client.call_tool(name, arguments)
+        except Exception:
+            await self._drop()  # the next call connects again
+            raise
+        texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
+        if result.is_error:
+            raise McpToolError("\n".join(texts) or f"the MCP tool {name!r} failed")
+        if texts:
+            return "\n".join(texts)
+        if result.structured_content is not None:
+            return json.dumps(result.structured_content)
+        return ""
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Disconnect from the server and stop the background loop."""
+        if self._closed:
+            return
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(self._drop(), loop).result(self._timeout)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(self._timeout)
+            loop.close()
+        self._closed = True
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Fresh:
+    """A transport made anew for each connection (a transport serves one connection)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+class _Connection:
+    """One ``mcp.Client`` connection, held open by a task of the background loop.
+
+    The SDK's client must be entered and left in one task, so a holder task enters it,
+    waits until asked to close, and leaves it.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.client: Any = None
+        self._ready: asyncio.Future[None] | None = None
+        self._closing: asyncio.Event | None = None
+        self._holder: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._holder is not None and not self._holder.done()
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._closing = asyncio.Event()
+        self._holder = loop.create_task(self._hold())
+        await self._ready
+
+    async def _hold(self) -> None:
+        assert self._ready is not None
+        assert self._closing is not None
+        server = self.server.make() if isinstance(self.server, _Fresh) else self.server
+        try:
+            async with Client(server) as client:
+                self.client = client
+                self._ready.set_result(None)
+                await self._closing.wait()
+        except BaseException as error:
+            if not self._ready.done():
+                self._ready.set_exception(error)
+            elif not isinstance(error, Exception):
+                raise
+        finally:
+            self.client = None
+
+    async def close(self) -> None:
+        if self._closing is not None:
+            self._closing.set()
+        if self._holder is not None:
+            await asyncio.gather(self._holder, return_exceptions=True)

@@ -1,0 +1,45 @@
+"""An MCP server for the tests, on the SDK's own MCPServer (FastMCP in SDKs before 2.0).
+
+``python weather.py stdio`` serves over stdin/stdout; ``python weather.py http PORT`` over
+streamable HTTP on 127.0.0.1:PORT at /mcp. ``crash`` exits the process mid-call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("weather")
+
+
+@server.tool()
+def forecast(city: str, days: int = 1) -> str:
+    """The forecast for a city."""
+    return f"{city}: sunny for {days} day(s)"
+
+
+@server.tool()
+def broken(city: str) -> str:
+    """A tool that always fails."""
+    raise ValueError(f"no station in {city}")
+
+
+@server.tool()
+def crash() -> str:
+    """Ends the server process in the middle of the call."""
+    os._exit(3)
+
+
+@server.tool()
+def whoami() -> str:
+    """The process id of the server, to tell a reconnection."""
+    return str(os.getpid())
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))

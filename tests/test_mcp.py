@@ -1,0 +1,214 @@
+"""MCP servers as toolsets: real servers in separate processes, over stdio and HTTP, called
+from sync and async methods, failing and crashing."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from aiservices import AiMessage, ToolExecutionRequest, ai_service
+from aiservices.mcp import McpToolset
+from aiservices.testing import ScriptedChatModel
+
+SERVER = Path(__file__).parent / "mcp_servers" / "weather.py"
+
+
+class Bot(Protocol):
+    def ask(self, text: str) -> str: ...
+
+
+class AsyncBot(Protocol):
+    async def ask(self, text: str) -> str: ...
+
+
+def _calls(*calls: tuple[str, str]) -> AiMessage:
+    return AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest(f"c{i}", name, arguments)
+            for i, (name, arguments) in enumerate(calls)
+        ]
+    )
+
+
+def _results(model: ScriptedChatModel, count: int, request: int = 1) -> list[str | None]:
+    return [m.text for m in model.requests[request].messages[-count:]]
+
+
+@pytest.fixture
+def stdio_toolset() -> Iterator[McpToolset]:
+    with McpToolset.stdio(sys.executable, [str(SERVER), "stdio"]) as toolset:
+        yield toolset
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(SERVER), "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline, "the MCP server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_a_stdio_servers_tools_are_offered_and_called_from_a_sync_method(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(
+        _calls(("forecast", '{"city": "Oslo", "days": 2}'), ("broken", '{"city": "Oslo"}')),
+        "done",
+    )
+    bot = ai_service(Bot, model=model, tools=[stdio_toolset])
+    assert bot.ask("weather?") == "done"
+    offered = {spec.name: spec.parameters for spec in model.requests[0].tools}
+    assert set(offered) == {"forecast", "broken", "crash", "whoami"}
+    assert offered["forecast"]["required"] == ["city"]
+    forecast, broken = _results(model, 2)
+    assert forecast == "Oslo: sunny for 2 day(s)"
+    # The server's error goes back to the model as the tool's result.
+    assert broken is not None
+    assert broken.startswith("Tool 'broken' raised McpToolError:")
+
+
+def test_the_filter_chooses_the_tools_and_invalid_arguments_never_reach_the_server() -> None:
+    with McpToolset.stdio(
+        sys.executable, [str(SERVER), "stdio"], filter=lambda name: name == "forecast"
+    ) as toolset:
+        model = ScriptedChatModel(_calls(("forecast", '{"days": 2}')), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("weather?")
+    assert [spec.name for spec in model.requests[0].tools] == ["forecast"]
+    (result,) = _results(model, 1)
+    assert result is not None
+    assert "Invalid arguments for tool 'forecast'" in result
+    assert "'city' is a required property" in result
+
+
+def test_async_methods_call_the_same_toolset(stdio_toolset: McpToolset) -> None:
+    model = ScriptedChatModel(
+        _calls(("forecast", '{"city": "Oslo"}'), ("forecast", '{"city": "Rome"}')), "done"
+    )
+    bot = ai_service(AsyncBot, model=model, tools=[stdio_toolset])
+
+    async def main() -> str:
+        # The service's own loop runs beside the toolset's: no deadlock, no loop per call.
+        return await bot.ask("weather?")
+
+    assert asyncio.run(main()) == "done"
+    assert _results(model, 2) == ["Oslo: sunny for 1 day(s)", "Rome: sunny for 1 day(s)"]
+
+
+def test_eight_threads_call_the_servers_tools_at_once(stdio_toolset: McpToolset) -> None:
+    bots = []
+    for i in range(8):
+        model = ScriptedChatModel(_calls(("forecast", f'{{"city": "city {i}"}}')), "done")
+        bots.append((model, ai_service(Bot, model=model, tools=[stdio_toolset])))
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def call(bot: Any) -> None:
+        start.wait()
+        try:
+            bot.ask("weather?")
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=call, args=(bot,)) for _, bot in bots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    for i, (model, _) in enumerate(bots):
+        assert _results(model, 1) == [f"city {i}: sunny for 1 day(s)"]
+
+
+def test_a_server_that_crashes_mid_call_fails_that_call_and_the_next_reconnects(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(
+        _calls(("whoami", "{}")),
+        "first",
+        _calls(("crash", "{}")),
+        "second",
+        _calls(("whoami", "{}")),
+        "third",
+    )
+    bot = ai_service(Bot, model=model, tools=[stdio_toolset])
+    bot.ask("who?")
+    bot.ask("crash")
+    bot.ask("who now?")
+    (first_pid,) = _results(model, 1, request=1)
+    (crashed,) = _results(model, 1, request=3)
+    (second_pid,) = _results(model, 1, request=5)
+    assert crashed is not None
+    assert crashed.startswith("Tool 'crash' raised")  # the error went back to the model
+    assert first_pid is not None
+    assert second_pid is not None
+    assert first_pid.isdigit()
+    assert second_pid.isdigit()
+    assert first_pid != second_pid  # a new server process
+
+
+def test_a_streamable_http_server_from_sync_and_async_methods(http_url: str) -> None:
+    with McpToolset.http(http_url, headers={"X-Test": "yes"}) as toolset:
+        model = ScriptedChatModel(
+            _calls(("forecast", '{"city": "Oslo"}')),
+            "done",
+            _calls(("forecast", '{"city": "Rome"}')),
+            "done",
+        )
+        ai_service(Bot, model=model, tools=[toolset]).ask("weather?")
+        asyncio.run(ai_service(AsyncBot, model=model, tools=[toolset]).ask("weather?"))
+    assert _results(model, 1, request=1) == ["Oslo: sunny for 1 day(s)"]
+    assert _results(model, 1, request=3) == ["Rome: sunny for 1 day(s)"]
+
+
+def test_a_closed_toolset_says_so() -> None:
+    toolset = McpToolset.stdio(sys.executable, [str(SERVER), "stdio"])
+    tools = toolset.aiservices_tools()
+    asyncio.run(toolset.aclose())
+    with pytest.raises(RuntimeError, match="is closed"):
+        tools[0].function(city="Oslo")
+
+
+@pytest.mark.skipif(shutil.which("npx") is None, reason="npx (Node.js) is not installed")
+def test_the_reference_server_everything_from_npm() -> None:
+    try:
+        toolset = McpToolset.stdio("npx", ["-y", "@modelcontextprotocol/server-everything"])
+        names = [tool.name for tool in toolset.aiservices_tools()]
+    except Exception as error:  # the npm registry unreachable, say
+        pytest.skip(f"@modelcontextprotocol/server-everything did not start: {error}")
+    with toolset:
+        assert "echo" in names
+        model = ScriptedChatModel(_calls(("echo", '{"message": "hello"}')), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("echo")
+        (result,) = _results(model, 1)
+        assert result is not None
+        assert "hello" in result
