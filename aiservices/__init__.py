@@ -13,6 +13,7 @@ from ._lazy import lazy_exports
 from .errors import (
     AiServiceError,
     GuardrailError,
+    IncompleteResponseError,
     InterfaceError,
     OutputParseError,
     Reprompt,
@@ -115,6 +116,7 @@ __all__ = [
     "ChatResponse",
     "Context",
     "GuardrailError",
+    "IncompleteResponseError",
     "InMemoryChatMemoryStore",
     "InterfaceError",
     "MemoryId",

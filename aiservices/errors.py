@@ -5,7 +5,8 @@ AiServiceError
  ├── InterfaceError    (also TypeError)   the Protocol cannot become a service
  ├── OutputParseError  (also ValueError)  the model's answer never parsed
  ├── ToolLimitError                       too many tool rounds in one call
- └── GuardrailError                       a guardrail refused the input or the answer
+ ├── GuardrailError                       a guardrail refused the input or the answer
+ └── IncompleteResponseError              a streamed answer ended before its last event
 ```
 
 ``Reprompt`` is not an error a call raises: an output guardrail raises it to have the
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 __all__ = [
     "AiServiceError",
     "GuardrailError",
+    "IncompleteResponseError",
     "InterfaceError",
     "OutputParseError",
     "Reprompt",
@@ -91,3 +93,12 @@ class Reprompt(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class IncompleteResponseError(AiServiceError):
+    """A streamed answer ended without the provider's final event.
+
+    The answer may be cut short (a dropped connection, a proxy that closed the stream, a
+    server that answered a stream request with a plain body), so the call fails and records
+    nothing instead of taking part of an answer for the whole.
+    """

@@ -68,6 +68,8 @@ EXPECTED = {
     # tools with context, tools from a schema
     "Context",
     "Tool",
+    # provider fixes
+    "IncompleteResponseError",
 }
 
 

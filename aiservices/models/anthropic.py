@@ -16,6 +16,7 @@ import anthropic
 from anthropic.resources.messages import Messages
 from anthropic.types import Message
 
+from ..errors import IncompleteResponseError
 from ..messages import (
     AiMessage,
     ChatMessage,
@@ -428,10 +429,18 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
 class _StreamAccumulator:
     """Folds raw Messages stream events into text deltas and one final response."""
 
-    __slots__ = ("_blocks", "_finish", "_input_tokens", "_output_tokens", "_output_tool")
+    __slots__ = (
+        "_blocks",
+        "_finish",
+        "_input_tokens",
+        "_output_tokens",
+        "_output_tool",
+        "_stopped",
+    )
 
     def __init__(self, output_tool: str | None) -> None:
         self._output_tool = output_tool
+        self._stopped = False  # message_stop seen: the answer is whole
         # index -> [kind, id, name, parts]; kind is "text", "tool" or "answer"
         self._blocks: dict[int, list[Any]] = {}
         self._finish: str | None = None
@@ -465,7 +474,9 @@ class _StreamAccumulator:
                 role = "answer" if cb.name == self._output_tool else "tool"
                 self._blocks[event.index] = [role, cb.id, cb.name, parts]
             return None
-        if kind == "message_start":
+        if kind == "message_stop":
+            self._stopped = True
+        elif kind == "message_start":
             usage = event.message.usage
             if usage is not None:
                 self._input_tokens = _usage(usage).input_tokens  # type: ignore[union-attr]
@@ -482,7 +493,12 @@ class _StreamAccumulator:
         return None
 
     def response(self) -> ChatResponse:
-        """The whole answer, once the stream has ended."""
+        """The whole answer, once the stream has ended with message_stop."""
+        if not self._stopped:
+            raise IncompleteResponseError(
+                "the Anthropic stream ended without message_stop: the answer may be cut "
+                "short, so nothing of it is used"
+            )
         texts: list[str] = []
         requests: list[ToolExecutionRequest] = []
         answer: str | None = None

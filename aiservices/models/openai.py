@@ -17,6 +17,7 @@ import openai
 from openai.resources.chat.completions import Completions
 from openai.types.chat import ChatCompletion
 
+from ..errors import IncompleteResponseError
 from ..messages import (
     AiMessage,
     ChatMessage,
@@ -174,7 +175,9 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
             defaults["temperature"] = temperature
         if top_p is not None:
             defaults["top_p"] = top_p
-        uses_openai = base_url is None or "api.openai.com" in base_url
+        # OpenAI's own API and Azure OpenAI take max_completion_tokens (reasoning models
+        # refuse max_tokens); other compatible servers know max_tokens.
+        uses_openai = base_url is None or any(host in base_url for host in _OPENAI_HOSTS)
         self._max_tokens_key = "max_completion_tokens" if uses_openai else "max_tokens"
         if max_tokens is not None:
             defaults[self._max_tokens_key] = max_tokens
@@ -279,7 +282,8 @@ def _to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]
                 append(
                     {
                         "role": "assistant",
-                        "content": m.text or None,
+                        # "" rather than null: llama.cpp's server refuses a null content.
+                        "content": m.text or "",
                         "tool_calls": [
                             {
                                 "id": r.id,
@@ -302,6 +306,12 @@ def _to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]
 
 
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+_OPENAI_HOSTS: Final = (
+    "api.openai.com",
+    ".openai.azure.com",
+    ".cognitiveservices.azure.com",
+    ".services.ai.azure.com",
+)
 
 
 def _participant_name(name: str) -> str:
@@ -435,7 +445,12 @@ class _StreamAccumulator:
                 entry[2].append(function.arguments)
 
     def response(self) -> ChatResponse:
-        """The whole answer, once the stream has ended."""
+        """The whole answer, once the stream has ended with its finish reason."""
+        if self._finish is None:
+            raise IncompleteResponseError(
+                "the OpenAI stream ended without a finish_reason: the answer may be cut short, "
+                "so nothing of it is used"
+            )
         requests = [
             ToolExecutionRequest(call_id or _new_call_id(), name or "", "".join(parts) or "{}")
             for call_id, name, parts in self._calls

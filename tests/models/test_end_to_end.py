@@ -74,7 +74,7 @@ def test_openai_service_round_trip(
     assert second["messages"][-2:] == [
         {
             "role": "assistant",
-            "content": None,
+            "content": "",  # not null: llama.cpp refuses it
             "tool_calls": [
                 {
                     "id": "call_1",

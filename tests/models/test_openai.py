@@ -152,7 +152,7 @@ def test_history_with_tool_calls_and_results_maps_to_wire_messages(
         {"role": "assistant", "content": "Warm."},
         {
             "role": "assistant",
-            "content": None,
+            "content": "",  # not null: llama.cpp refuses it
             "tool_calls": [
                 {
                     "id": "call_3",

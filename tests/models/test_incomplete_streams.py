@@ -1,0 +1,122 @@
+"""A streamed answer that ends without its final event is an error, and records nothing;
+tool-only assistant turns are sent with "" content; Azure gets max_completion_tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Annotated, Any, Protocol
+
+import pytest
+from _anthropic_server import AnthropicServer, stream_events, text
+from _loopback import Reply
+from _openai_server import OpenAIServer, chunks
+
+from aiservices import (
+    ChatMemoryAccess,
+    IncompleteResponseError,
+    MemoryId,
+    MessageWindowChatMemory,
+    ai_service,
+)
+from aiservices.models import ChatRequest
+from aiservices.models.openai import OpenAIChatModel
+
+
+class Bot(ChatMemoryAccess, Protocol):
+    def stream(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+    def astream(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
+
+
+def _bot(model: Any) -> Bot:
+    return ai_service(
+        Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10)
+    )
+
+
+def _drain_async(stream: AsyncIterator[str], model: Any) -> list[str]:
+    async def drain() -> list[str]:
+        try:
+            return [piece async for piece in stream]
+        finally:
+            await model.aclose()  # the async client's sockets belong to this loop
+
+    return asyncio.run(drain())
+
+
+def _consume(bot: Bot, model: Any, mode: str) -> list[str]:
+    if mode == "sync":
+        return list(bot.stream("u", "the answer?"))
+    return _drain_async(bot.astream("u", "the answer?"), model)
+
+
+def _cut(server: OpenAIServer, *, keep: int) -> None:
+    bodies = chunks(["The answer ", "is ", "42."], finish_reason="stop")
+    # The chunks before the one carrying finish_reason, as a stream cut there delivers them.
+    server.reply_raw_stream(
+        [b for b in bodies if b["choices"] and not b["choices"][0]["finish_reason"]][:keep]
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_openai_stream_cut_before_its_finish_reason_records_nothing(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any], mode: str
+) -> None:
+    model = openai_model()
+    bot = _bot(model)
+    _cut(openai_server, keep=2)
+    with pytest.raises(IncompleteResponseError, match="without a finish_reason"):
+        _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+def test_a_plain_body_answered_to_a_stream_request_is_incomplete(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    bot = _bot(openai_model())
+    openai_server.reply_text("a whole answer, but not a stream")
+    with pytest.raises(IncompleteResponseError):
+        list(bot.stream("u", "hi"))
+    assert bot.get_chat_memory("u").messages() == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_anthropic_stream_without_message_stop_records_nothing(
+    anthropic_server: AnthropicServer, anthropic_model: Callable[..., Any], mode: str
+) -> None:
+    model = anthropic_model()
+    bot = _bot(model)
+    events = stream_events([text("The answer is 42.")], stop_reason="end_turn")
+    anthropic_server.queue(Reply(events=events[:-1]))  # everything but message_stop
+    with pytest.raises(IncompleteResponseError, match="without message_stop"):
+        _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+def test_a_whole_stream_still_records_its_turn(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    bot = _bot(openai_model())
+    openai_server.reply_stream(["The answer ", "is 42."], finish_reason="stop")
+    assert "".join(bot.stream("u", "the answer?")) == "The answer is 42."
+    assert [m.text for m in bot.get_chat_memory("u").messages()] == [
+        "the answer?",
+        "The answer is 42.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("base_url", "key"),
+    [
+        ("https://my-resource.openai.azure.com/openai/v1", "max_completion_tokens"),
+        ("https://my-resource.cognitiveservices.azure.com/openai/v1", "max_completion_tokens"),
+        ("http://127.0.0.1:8080/v1", "max_tokens"),
+    ],
+)
+def test_azure_openai_gets_max_completion_tokens(base_url: str, key: str) -> None:
+    model = OpenAIChatModel("o3-mini", base_url=base_url, api_key="k", max_tokens=100)
+    request = model._request(ChatRequest([]))
+    assert request[key] == 100
+    assert {"max_tokens", "max_completion_tokens"} - {key} not in [set(request)]
+    model.close()
