@@ -73,6 +73,14 @@ Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
 
 _now = datetime.now
 
+# Finish reasons after which an unparsable answer is not sent back to be corrected.
+_NOT_ASKED_AGAIN: Final = {
+    "length": "it was cut at the output token limit (finish_reason='length'); raise "
+    "max_output_tokens in the service's parameters, or ask for less",
+    "content_filter": "the model refused, or its answer was filtered "
+    "(finish_reason='content_filter')",
+}
+
 
 @dataclass(slots=True)
 class ServiceState:
@@ -450,6 +458,16 @@ def turn(state: ServiceState, call: Call) -> Turn:
             try:
                 value = output.parse(answer.text)
             except ValueError as error:
+                cut = response.finish_reason
+                if cut in _NOT_ASKED_AGAIN:
+                    # Asking again cannot help: the same cap cuts the answer again, and a
+                    # refusal is no answer to correct.
+                    raise OutputParseError(
+                        f"{plan.qualname}: the answer could not be parsed as "
+                        f"{_type_name(output.annotation)}: {_NOT_ASKED_AGAIN[cut]}",
+                        raw_text=answer.text,
+                        attempts=retries + 1,
+                    ) from error
                 if retries >= state.max_output_retries:
                     raise OutputParseError(
                         f"{plan.qualname}: the answer could not be parsed as "

@@ -365,8 +365,11 @@ def _response(completion: Any) -> ChatResponse:
     choice = choices[0]
     message = choice.message
     text = message.content
+    reason = choice.finish_reason
     if text is None:
         text = getattr(message, "refusal", None)
+        if text is not None:
+            reason = "content_filter"  # a refusal: no answer to parse or ask again for
     requests = [
         ToolExecutionRequest(
             call.id or _new_call_id(), call.function.name, call.function.arguments or "{}"
@@ -375,7 +378,6 @@ def _response(completion: Any) -> ChatResponse:
         if call.type == "function"
     ]
     usage = completion.usage
-    reason = choice.finish_reason
     return ChatResponse(
         AiMessage(text, requests),
         TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
@@ -456,10 +458,11 @@ class _StreamAccumulator:
             for call_id, name, parts in self._calls
         ]
         text = "".join(self._text) if self._text else None
+        reason = self._finish
         if text is None and self._refusal:
             text = "".join(self._refusal)
+            reason = "content_filter"
         usage = self._usage
-        reason = self._finish
         return ChatResponse(
             AiMessage(text, requests),
             TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,

@@ -1,4 +1,5 @@
-"""A streamed answer that ends without its final event is an error, and records nothing;
+"""Answers that cannot be whole: a stream that ends without its final event is an error and
+records nothing; a refusal or an answer cut at the token limit is not asked again. Also:
 tool-only assistant turns are sent with "" content; Azure gets max_completion_tokens."""
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import pytest
 from _anthropic_server import AnthropicServer, stream_events, text
 from _loopback import Reply
 from _openai_server import OpenAIServer, chunks
+from pydantic import BaseModel
 
 from aiservices import (
     ChatMemoryAccess,
     IncompleteResponseError,
     MemoryId,
     MessageWindowChatMemory,
+    OutputParseError,
     ai_service,
 )
 from aiservices.models import ChatRequest
@@ -120,3 +123,34 @@ def test_azure_openai_gets_max_completion_tokens(base_url: str, key: str) -> Non
     assert request[key] == 100
     assert {"max_tokens", "max_completion_tokens"} - {key} not in [set(request)]
     model.close()
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+class Typed(Protocol):
+    def extract(self, text: str) -> Person: ...
+
+
+def test_a_refusal_is_not_asked_again(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    openai_server.reply_text(None, refusal="I can't help with that.")
+    bot = ai_service(Typed, model=openai_model())
+    with pytest.raises(OutputParseError, match="the model refused") as raised:
+        bot.extract("someone")
+    assert raised.value.raw_text == "I can't help with that."
+    assert raised.value.attempts == 1
+    assert len(openai_server.requests) == 1  # no pointless second request
+
+
+def test_an_answer_cut_at_the_token_limit_is_not_asked_again(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    openai_server.reply_text('{"name": "Ada", "a', finish_reason="length")
+    bot = ai_service(Typed, model=openai_model())
+    with pytest.raises(OutputParseError, match="cut at the output token limit"):
+        bot.extract("Ada, 36")
+    assert len(openai_server.requests) == 1
