@@ -168,6 +168,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         self._structured_output = structured_output
         self._tool_cache: dict[int, tuple[ToolSpecification, dict[str, Any]]] = {}
         self._schema_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
+        self._native_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
 
     # -- the ChatModel protocol ------------------------------------------------------------
 
@@ -228,7 +229,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                 _put(
                     kwargs,
                     "output_config",
-                    {"format": {"type": "json_schema", "schema": self._schema(fmt)}},
+                    {"format": {"type": "json_schema", "schema": self._native_schema(fmt)}},
                 )
             else:
                 output_tool = _output_tool_name(fmt, request.tools)
@@ -269,6 +270,9 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
 
     def _schema(self, fmt: ResponseFormat) -> dict[str, Any]:
         return cached(self._schema_cache, fmt, _input_schema)
+
+    def _native_schema(self, fmt: ResponseFormat) -> dict[str, Any]:
+        return cached(self._native_cache, fmt, _native_schema)
 
 
 # -- request mapping helpers -----------------------------------------------------------------
@@ -324,6 +328,15 @@ def _to_anthropic_tool(spec: ToolSpecification) -> dict[str, Any]:
         param["description"] = spec.description
     param["input_schema"] = plain(spec.parameters)
     return param
+
+
+def _native_schema(fmt: ResponseFormat) -> dict[str, Any]:
+    """The schema as native structured output takes it: the SDK's own transform moves the
+    keywords the API refuses (``minimum``, ``pattern``, ``minItems`` above 1...) into the
+    descriptions, where the model still reads them; the answer is validated with them."""
+    transform = getattr(anthropic, "transform_schema", None)  # anthropic >= 0.72
+    schema = _input_schema(fmt)
+    return schema if transform is None else transform(schema)
 
 
 def _input_schema(fmt: ResponseFormat) -> dict[str, Any]:

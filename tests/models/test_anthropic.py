@@ -683,3 +683,33 @@ def test_api_token_count_makes_its_own_client_and_hides_the_key(
 def test_api_token_count_needs_a_model() -> None:
     with pytest.raises(ValueError, match="needs the model"):
         AnthropicTokenCountEstimator(use_api=True)
+
+
+def test_native_structured_output_moves_refused_keywords_into_descriptions(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    from pydantic import BaseModel, Field
+
+    from aiservices._output import plan_output
+
+    class Person(BaseModel):
+        name: str = Field(pattern="^[A-Z]")
+        age: int = Field(ge=0, le=150)
+        tags: list[str] = Field(min_length=2)
+
+    fmt = plan_output(Person).response_format
+    assert fmt is not None
+    anthropic_server.reply_text('{"name": "Ada", "age": 36, "tags": ["a", "b"]}')
+    anthropic_model(structured_output="native").chat(ask(response_format=fmt))
+    sent = anthropic_server.last.body["output_config"]["format"]["schema"]
+    refused = {"minimum", "maximum", "pattern", "minItems"}
+
+    def keywords(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            return set(node).union(*map(keywords, node.values()))
+        if isinstance(node, list):
+            return set().union(*map(keywords, node))
+        return set()
+
+    assert not keywords(sent) & refused
+    assert "minimum: 0" in json.dumps(sent)  # the model still reads the limits
