@@ -67,7 +67,7 @@ _FINISH_REASONS: Final[Mapping[str, str]] = {
 _CREATE_KWARGS: Final = create_keywords(Completions.create)
 
 _SDK: Final = (openai.OpenAI, openai.AsyncOpenAI)
-_STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "off")
+_STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "json_object", "off")
 
 
 class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
@@ -79,8 +79,9 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
     ``max_tokens`` are defaults that a request's own parameters override; ``extra`` is merged
     into every request (SDK keyword arguments as such, anything else into the request body).
     ``max_tokens`` is sent as ``max_completion_tokens`` to OpenAI and as ``max_tokens`` to a
-    ``base_url`` server. ``structured_output="off"`` sends no ``response_format`` (for servers
-    without JSON-schema support). ``stream_usage=False`` omits ``stream_options`` from
+    ``base_url`` server. ``structured_output="json_object"`` sends the schema in a
+    ``json_object`` response format (llama.cpp's server takes that, not ``json_schema``);
+    ``"off"`` sends no ``response_format`` (for servers without JSON-schema support). ``stream_usage=False`` omits ``stream_options`` from
     streamed requests. ``client`` / ``async_client`` replace the SDK clients this model
     would make (they are then never closed by it); ``http_client`` / ``async_http_client``
     are handed to the clients it makes.
@@ -101,7 +102,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         project: str | None = None,
         default_headers: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
-        structured_output: Literal["json_schema", "off"] = "json_schema",
+        structured_output: Literal["json_schema", "json_object", "off"] = "json_schema",
         stream_usage: bool = True,
         client: openai.OpenAI | None = None,
         async_client: openai.AsyncOpenAI | None = None,
@@ -184,7 +185,10 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         if extra:
             merge_extra(defaults, extra, _CREATE_KWARGS)
         self._defaults = defaults
-        self._structured_output = structured_output == "json_schema"
+        self._structured_output = structured_output != "off"
+        self._format_of = (
+            _to_openai_response_format if structured_output == "json_schema" else _to_json_object
+        )
         self._stream_options = {"include_usage": True} if stream_usage else None
         self._tool_cache: dict[int, tuple[ToolSpecification, dict[str, Any]]] = {}
         self._format_cache: dict[int, tuple[ResponseFormat, dict[str, Any]]] = {}
@@ -238,7 +242,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
                 kwargs["parallel_tool_calls"] = p.parallel_tool_calls
         if request.response_format is not None and self._structured_output:
             kwargs["response_format"] = cached(
-                self._format_cache, request.response_format, _to_openai_response_format
+                self._format_cache, request.response_format, self._format_of
             )
         if p.temperature is not None:
             kwargs["temperature"] = p.temperature
@@ -341,6 +345,12 @@ def _to_openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
             "strict": bool(fmt.strict),
         },
     }
+
+
+def _to_json_object(fmt: ResponseFormat) -> dict[str, Any]:
+    """A ``json_object`` response format carrying the schema, as llama.cpp's server takes it
+    (it refuses ``json_schema``) and constrains its output to."""
+    return {"type": "json_object", "schema": plain(fmt.schema)}
 
 
 def _schema_name(name: str) -> str:

@@ -108,3 +108,20 @@ def test_anthropic_maps_the_tool_choice(
 def test_a_tool_choice_must_be_a_name() -> None:
     with pytest.raises(ValueError, match="tool_choice must be"):
         ChatRequestParameters(tool_choice="")
+
+
+def test_a_json_object_format_carries_the_schema_for_llama_cpp_style_servers(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    from aiservices.models import ResponseFormat
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    model = openai_model(structured_output="json_object")
+    openai_server.reply_text('{"city": "Paris"}')
+    model.chat(ChatRequest(ASK, response_format=ResponseFormat("City", schema, strict=True)))
+    assert openai_server.last.body["response_format"] == {"type": "json_object", "schema": schema}
