@@ -81,8 +81,8 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
     ``max_tokens`` is sent as ``max_completion_tokens`` to OpenAI and as ``max_tokens`` to a
     ``base_url`` server. ``structured_output="json_object"`` sends the schema in a
     ``json_object`` response format (llama.cpp's server takes that, not ``json_schema``);
-    ``"off"`` sends no ``response_format`` (for servers without JSON-schema support). ``stream_usage=False`` omits ``stream_options`` from
-    streamed requests. ``client`` / ``async_client`` replace the SDK clients this model
+    ``"off"`` sends no ``response_format`` (for servers without JSON-schema support).
+    ``stream_usage=False`` omits ``stream_options`` from streamed requests. ``client`` / ``async_client`` replace the SDK clients this model
     would make (they are then never closed by it); ``http_client`` / ``async_http_client``
     are handed to the clients it makes.
     """
