@@ -82,9 +82,10 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
     ``base_url`` server. ``structured_output="json_object"`` sends the schema in a
     ``json_object`` response format (llama.cpp's server takes that, not ``json_schema``);
     ``"off"`` sends no ``response_format`` (for servers without JSON-schema support).
-    ``stream_usage=False`` omits ``stream_options`` from streamed requests. ``client`` / ``async_client`` replace the SDK clients this model
-    would make (they are then never closed by it); ``http_client`` / ``async_http_client``
-    are handed to the clients it makes.
+    ``stream_usage=False`` omits ``stream_options`` from streamed requests. ``client`` /
+    ``async_client`` replace the SDK clients this model would make (they are then never
+    closed by it); ``http_client`` / ``async_http_client`` are handed to the clients it
+    makes.
     """
 
     def __init__(
