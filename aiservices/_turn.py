@@ -417,6 +417,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                             "id": execution.request.id,
                             "tool_name": execution.request.name,
                             "text": execution.result,
+                            "is_error": True if execution.error is not None else None,
                             "message_id": kept_id and new_message_id(),
                             "turn_id": kept_id,
                             "created_at": ran_at,

@@ -242,13 +242,18 @@ class AiMessage(_Message):
 
 
 class ToolExecutionResultMessage(_Message):
-    """A tool's result; ``id`` is the id of the request it answers."""
+    """A tool's result; ``id`` is the id of the request it answers.
+
+    ``is_error`` is ``True`` when ``text`` tells of a failure (the tool raised, its arguments
+    did not validate, it does not exist); providers that can mark it (Anthropic) do.
+    """
 
     _content = ("id", "tool_name", "text")
     type: Literal["tool_result"] = Field(default="tool_result", repr=False)
     id: str
     tool_name: str
     text: str
+    is_error: bool | None = Field(default=None, repr=False)
 
     @_positional_init
     def __init__(
@@ -257,6 +262,7 @@ class ToolExecutionResultMessage(_Message):
         tool_name: str,
         text: str,
         *,
+        is_error: bool | None = None,
         message_id: str | None = None,
         turn_id: str | None = None,
         created_at: datetime | None = None,
@@ -266,6 +272,7 @@ class ToolExecutionResultMessage(_Message):
             id=id,
             tool_name=tool_name,
             text=text,
+            is_error=is_error,
             message_id=message_id,
             turn_id=turn_id,
             created_at=created_at,

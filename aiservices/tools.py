@@ -270,4 +270,6 @@ class ToolExecution:
     def to_message(self) -> ToolExecutionResultMessage:
         """The message recording this result, answering the request by its id."""
         request = self.request
-        return ToolExecutionResultMessage(request.id, request.name, self.result)
+        return ToolExecutionResultMessage(
+            request.id, request.name, self.result, is_error=self.error is not None or None
+        )

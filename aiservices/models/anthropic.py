@@ -294,7 +294,10 @@ def _to_anthropic_messages(
             blocks: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
         elif isinstance(m, ToolExecutionResultMessage):
             role = "user"
-            blocks = [{"type": "tool_result", "tool_use_id": m.id, "content": m.text}]
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.id, "content": m.text}
+            if m.is_error:
+                block["is_error"] = True  # the model then knows the call failed
+            blocks = [block]
         elif isinstance(m, AiMessage):
             role = "assistant"
             blocks = [{"type": "text", "text": m.text}] if m.text else []

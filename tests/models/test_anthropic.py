@@ -713,3 +713,37 @@ def test_native_structured_output_moves_refused_keywords_into_descriptions(
 
     assert not keywords(sent) & refused
     assert "minimum: 0" in json.dumps(sent)  # the model still reads the limits
+
+
+def test_a_failed_tool_result_is_marked_as_an_error(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    from typing import Protocol
+
+    from aiservices import MessageWindowChatMemory, ai_service, tool
+    from aiservices.messages import messages_from_json, messages_to_json
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        raise RuntimeError("no station")
+
+    class Bot(Protocol):
+        def ask(self, text: str) -> str: ...
+
+    anthropic_server.reply_message(
+        [tool_use("toolu_1", "get_weather", {"city": "Oslo"})], stop_reason="tool_use"
+    )
+    anthropic_server.reply_text("Sorry, no weather.")
+    memory = MessageWindowChatMemory(10)
+    bot = ai_service(Bot, model=anthropic_model(), tools=[get_weather], chat_memory=memory)
+    assert bot.ask("Weather?") == "Sorry, no weather."
+    (result_block,) = anthropic_server.bodies[1]["messages"][-1]["content"]
+    assert result_block["type"] == "tool_result"
+    assert result_block["is_error"] is True
+    recorded = memory.messages()[2]
+    assert recorded.is_error is True  # type: ignore[union-attr]
+    assert messages_from_json(messages_to_json([recorded]))[0].is_error is True  # type: ignore[union-attr]
+    # A result that did not fail carries no mark, in JSON as on the wire.
+    ok = ToolExecutionResultMessage("t", "get_weather", "sunny")
+    assert "is_error" not in messages_to_json([ok])
