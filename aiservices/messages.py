@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 __all__ = [
     "AiMessage",
+    "Reasoning",
     "ChatMessage",
     "SystemMessage",
     "ToolExecutionRequest",
@@ -208,13 +209,31 @@ class UserMessage(_Message):
         )
 
 
+class Reasoning(_Frozen):
+    """A reasoning block the provider returned with an answer (Anthropic's thinking).
+
+    Kept with the answer so that the next request can send it back, as the provider
+    requires when thinking and tools meet: ``text`` and ``signature`` for a thinking block,
+    ``redacted`` for a redacted one (its encrypted data).
+    """
+
+    text: str = ""
+    signature: str | None = None
+    redacted: str | None = None
+
+
 class AiMessage(_Message):
-    """The model's answer: text, tool requests, or both."""
+    """The model's answer: text, tool requests, or both.
+
+    ``reasoning`` holds the provider's reasoning blocks, when it returned any; equality
+    ignores them, as it ignores ids and times.
+    """
 
     _content = ("text", "tool_execution_requests")
     type: Literal["ai"] = Field(default="ai", repr=False)
     text: str | None = None
     tool_execution_requests: list[ToolExecutionRequest] = Field(default_factory=list)
+    reasoning: list[Reasoning] | None = Field(default=None, repr=False)
 
     @_positional_init
     def __init__(
@@ -222,6 +241,7 @@ class AiMessage(_Message):
         text: str | None = None,
         tool_execution_requests: Sequence[ToolExecutionRequest] = (),
         *,
+        reasoning: Sequence[Reasoning] | None = None,
         message_id: str | None = None,
         turn_id: str | None = None,
         created_at: datetime | None = None,
@@ -230,6 +250,7 @@ class AiMessage(_Message):
             self,
             text=text,
             tool_execution_requests=list(tool_execution_requests),
+            reasoning=None if reasoning is None else list(reasoning),
             message_id=message_id,
             turn_id=turn_id,
             created_at=created_at,

@@ -20,6 +20,7 @@ from ..errors import IncompleteResponseError
 from ..messages import (
     AiMessage,
     ChatMessage,
+    Reasoning,
     SystemMessage,
     ToolExecutionRequest,
     ToolExecutionResultMessage,
@@ -300,7 +301,11 @@ def _to_anthropic_messages(
             blocks = [block]
         elif isinstance(m, AiMessage):
             role = "assistant"
-            blocks = [{"type": "text", "text": m.text}] if m.text else []
+            # Reasoning first, as returned: with thinking on, a turn that calls tools must
+            # start with its thinking block.
+            blocks = [_reasoning_block(r) for r in m.reasoning or ()]
+            if m.text:
+                blocks.append({"type": "text", "text": m.text})
             for r in m.tool_execution_requests:
                 blocks.append(
                     {"type": "tool_use", "id": r.id, "name": r.name, "input": _tool_input(r)}
@@ -416,12 +421,17 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
         raise ValueError(f"the server did not answer with a message: {str(message)[:200]!r}")
     texts: list[str] = []
     requests: list[ToolExecutionRequest] = []
+    reasoning: list[Reasoning] = []
     answer: str | None = None
     blocks: list[Any] = message.content  # read by their type tags, not their classes
     for block in blocks:
         kind = block.type
         if kind == "text":
             texts.append(block.text)
+        elif kind == "thinking":
+            reasoning.append(Reasoning(text=block.thinking, signature=block.signature))
+        elif kind == "redacted_thinking":
+            reasoning.append(Reasoning(redacted=block.data))
         elif kind == "tool_use":
             if block.name == output_tool:
                 answer = json.dumps(block.input, ensure_ascii=False)
@@ -439,7 +449,15 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
         text = answer
         if finish == "tool_calls":
             finish = "stop"
-    return ChatResponse(AiMessage(text, requests), _usage(message.usage), finish)
+    return ChatResponse(
+        AiMessage(text, requests, reasoning=reasoning or None), _usage(message.usage), finish
+    )
+
+
+def _reasoning_block(reasoning: Reasoning) -> dict[str, Any]:
+    if reasoning.redacted is not None:
+        return {"type": "redacted_thinking", "data": reasoning.redacted}
+    return {"type": "thinking", "thinking": reasoning.text, "signature": reasoning.signature or ""}
 
 
 class _StreamAccumulator:
@@ -475,6 +493,10 @@ class _StreamAccumulator:
                 if block[0] == "text":
                     block[3].append(delta.text)
                     return str(delta.text)
+            elif delta.type == "thinking_delta":
+                block[3].append(delta.thinking)
+            elif delta.type == "signature_delta":
+                block[1] = (block[1] or "") + delta.signature
             elif delta.type == "input_json_delta":
                 block[3].append(delta.partial_json)
                 if block[0] == "answer":
@@ -489,6 +511,12 @@ class _StreamAccumulator:
                 parts = [json.dumps(cb.input, ensure_ascii=False)] if cb.input else []
                 role = "answer" if cb.name == self._output_tool else "tool"
                 self._blocks[event.index] = [role, cb.id, cb.name, parts]
+            elif cb.type == "thinking":
+                # [kind, signature, None, thinking parts]
+                parts = [cb.thinking] if cb.thinking else []
+                self._blocks[event.index] = ["thinking", cb.signature or None, None, parts]
+            elif cb.type == "redacted_thinking":
+                self._blocks[event.index] = ["redacted", None, cb.data, []]
             return None
         if kind == "message_stop":
             self._stopped = True
@@ -517,11 +545,16 @@ class _StreamAccumulator:
             )
         texts: list[str] = []
         requests: list[ToolExecutionRequest] = []
+        reasoning: list[Reasoning] = []
         answer: str | None = None
         for index in sorted(self._blocks):
             kind, block_id, name, parts = self._blocks[index]
             if kind == "text":
                 texts.extend(parts)
+            elif kind == "thinking":
+                reasoning.append(Reasoning(text="".join(parts), signature=block_id))
+            elif kind == "redacted":
+                reasoning.append(Reasoning(redacted=name))
             elif kind == "tool":
                 requests.append(ToolExecutionRequest(block_id, name, "".join(parts) or "{}"))
             else:
@@ -538,4 +571,4 @@ class _StreamAccumulator:
             if self._input_tokens is not None or self._output_tokens is not None
             else None
         )
-        return ChatResponse(AiMessage(text, requests), usage, finish)
+        return ChatResponse(AiMessage(text, requests, reasoning=reasoning or None), usage, finish)
