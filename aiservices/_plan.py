@@ -264,8 +264,10 @@ def plan_method(
                 "chat_memory_provider=MessageWindowChatMemory.provider(...) to ai_service",
             )
         )
-    if len(params) == 1 and "it" not in seen_aliases:
-        variables.append(("it", 0))
+    # `{{it}}`: the only parameter, the context aside (it is never a template variable).
+    others = [i for i in range(len(params)) if i != context_index]
+    if len(others) == 1 and "it" not in seen_aliases:
+        variables.append(("it", others[0]))
     known = frozenset(v for v, _ in variables)
 
     system_source = getattr(function, SYSTEM_ATTRIBUTE, None) or default_system

@@ -10,6 +10,7 @@ recorded and in which order, and the call's result. A driver only performs the I
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -426,6 +427,10 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 )
             messages = sent = messages + round_messages
             recorded += round_messages
+            if parameters.tool_choice not in (None, "auto", "none"):
+                # A choice that forces a tool holds for the first answer; asked again after
+                # the tools ran, the model must be free to answer.
+                parameters = dataclasses.replace(parameters, tool_choice="auto")
             executions += results
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)

@@ -31,7 +31,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from typing import Any, Self
 
 try:
-    from mcp import Client, StdioServerParameters
+    from mcp import Client, MCPError, StdioServerParameters
+    from mcp_types import CONNECTION_CLOSED
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('aiservices.mcp needs the MCP SDK: pip install "aiservices[mcp]"') from exc
 
@@ -150,7 +151,11 @@ class McpToolset:
             raise RuntimeError(f"{self._label} is closed")
         loop = self._start()
         future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        return future.result(self._timeout)
+        try:
+            return future.result(self._timeout)
+        except TimeoutError:
+            future.cancel()  # a server that never answers must not keep the call going
+            raise
 
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
@@ -163,20 +168,31 @@ class McpToolset:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    async def _client(self) -> Any:
+    async def _current(self) -> _Connection:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             connection = self._connection
             if connection is None or not connection.alive:
                 connection = self._connection = _Connection(self._server)
-                await connection.open()
-            return connection.client
+                try:
+                    await connection.open()
+                except BaseException:
+                    self._connection = None
+                    await connection.close()
+                    raise
+            return connection
 
-    async def _drop(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.close()
+    async def _client(self) -> Any:
+        return (await self._current()).client
+
+    async def _drop(self, broken: _Connection | None = None) -> None:
+        """Close the connection (``broken``: only if it is still the current one)."""
+        connection = self._connection
+        if connection is None or (broken is not None and connection is not broken):
+            return
+        self._connection = None
+        await connection.close()
 
     async def _list(self) -> list[Any]:
         client = await self._client()
@@ -190,11 +206,18 @@ class McpToolset:
                 return tools
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> Any:
-        client = await self._client()
+        connection = await self._current()
         try:
-            result = await client.call_tool(name, arguments)
+            result = await connection.client.call_tool(name, arguments)
+        except MCPError as error:
+            if error.code != CONNECTION_CLOSED:
+                raise  # the server's answer to this call: the connection is fine
+            await self._drop(connection)
+            raise
         except Exception:
-            await self._drop()  # the next call connects again
+            # The connection failed (the server died, the stream closed): the next call
+            # connects again; calls on a newer connection are left alone.
+            await self._drop(connection)
             raise
         texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
         if result.is_error:
@@ -211,13 +234,17 @@ class McpToolset:
         """Disconnect from the server and stop the background loop."""
         if self._closed:
             return
+        self._closed = True
         loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None:
+        if loop is None or thread is None:
+            return
+        try:
             asyncio.run_coroutine_threadsafe(self._drop(), loop).result(self._timeout)
+        finally:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(self._timeout)
-            loop.close()
-        self._closed = True
+            if not thread.is_alive():
+                loop.close()
 
     async def aclose(self) -> None:
         """:meth:`close` without blocking the event loop."""
@@ -288,5 +315,8 @@ class _Connection:
     async def close(self) -> None:
         if self._closing is not None:
             self._closing.set()
-        if self._holder is not None:
-            await asyncio.gather(self._holder, return_exceptions=True)
+        holder = self._holder
+        if holder is not None:
+            if self.client is None:
+                holder.cancel()  # still connecting (a server that never answers)
+            await asyncio.gather(holder, return_exceptions=True)

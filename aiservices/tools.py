@@ -199,7 +199,10 @@ class Tool:
         """Raise ``ValueError`` saying what is wrong unless ``arguments`` fit the schema."""
         from jsonschema.exceptions import best_match
 
-        error = best_match(self._validator.iter_errors(arguments))  # type: ignore[arg-type]
+        try:
+            error = best_match(self._validator.iter_errors(arguments))  # type: ignore[arg-type]
+        except Exception as exc:  # the schema itself fails (a $ref that resolves nowhere)
+            raise ValueError(f"the tool's schema cannot check them: {exc}") from exc
         if error is not None:
             where = "/".join(str(part) for part in error.absolute_path)
             raise ValueError(f"{where}: {error.message}" if where else error.message)

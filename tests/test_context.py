@@ -175,3 +175,22 @@ def test_context_misuse_fails_the_build() -> None:
 
     with pytest.raises(InterfaceError, match="a second Context parameter"):
         ai_service(Plain, model=ScriptedChatModel("x"), tools=[two])
+
+
+def test_it_names_the_only_parameter_beside_the_context() -> None:
+    from aiservices import user_message
+
+    class Asker(Protocol):
+        @user_message("Question: {{it}}")
+        def ask(self, question: str, user: Annotated[User, Context]) -> str: ...
+
+    class OnlyContext(Protocol):
+        @user_message("Hello {{it}}")
+        def ask(self, user: Annotated[User, Context]) -> str: ...
+
+    model = ScriptedChatModel(default="ok")
+    ai_service(Asker, model=model).ask("why?", user=User("Ada", "acme"))
+    assert model.requests[0].messages == [UserMessage("Question: why?")]
+    # The context is never a template variable, not even as {{it}}.
+    with pytest.raises(InterfaceError, match=r"uses \{\{it\}\}, which is not a parameter"):
+        ai_service(OnlyContext, model=model)

@@ -88,7 +88,7 @@ def test_a_stdio_servers_tools_are_offered_and_called_from_a_sync_method(
     bot = ai_service(Bot, model=model, tools=[stdio_toolset])
     assert bot.ask("weather?") == "done"
     offered = {spec.name: spec.parameters for spec in model.requests[0].tools}
-    assert set(offered) == {"forecast", "broken", "crash", "whoami"}
+    assert set(offered) == {"forecast", "broken", "crash", "whoami", "refuse", "slow"}
     assert offered["forecast"]["required"] == ["city"]
     forecast, broken = _results(model, 2)
     assert forecast == "Oslo: sunny for 2 day(s)"
@@ -212,3 +212,34 @@ def test_the_reference_server_everything_from_npm() -> None:
         (result,) = _results(model, 1)
         assert result is not None
         assert "hello" in result
+
+
+def test_a_protocol_error_of_one_call_leaves_the_connection_to_the_others(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(_calls(("slow", "{}"), ("refuse", "{}")), "done")
+    bot = ai_service(AsyncBot, model=model, tools=[stdio_toolset])
+    asyncio.run(bot.ask("both at once"))  # an async call runs the two concurrently
+    slow, refused = _results(model, 2)
+    assert refused is not None
+    assert "not allowed" in refused
+    assert slow is not None
+    assert slow.isdigit()  # the slow call finished on the same connection
+    after = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+    ai_service(Bot, model=after, tools=[stdio_toolset]).ask("who?")
+    assert _results(after, 1) == [slow]  # the same server process
+
+
+def test_a_server_that_never_answers_fails_to_list_and_closes_at_once() -> None:
+    from mcp import StdioServerParameters
+
+    silent = StdioServerParameters(
+        command=sys.executable, args=["-c", "import time; time.sleep(30)"]
+    )
+    toolset = McpToolset(silent, timeout=1)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        toolset.aiservices_tools()
+    toolset.close()
+    assert time.monotonic() - started < 10
+    assert not [t for t in threading.enumerate() if t.name == "aiservices-mcp"]

@@ -120,3 +120,16 @@ def test_a_bad_schema_tool_fails_when_made() -> None:
         Tool("the weather", "", WEATHER_SCHEMA, forecast)
     with pytest.raises(TypeError, match="function must be callable"):
         Tool("weather", "", WEATHER_SCHEMA, "forecast")  # type: ignore[arg-type]
+
+
+def test_a_schema_that_cannot_check_the_arguments_tells_the_model() -> None:
+    broken = Tool(
+        "lookup",
+        "",
+        {"type": "object", "properties": {"item": {"$ref": "#/$defs/Missing"}}},
+        lambda **kwargs: "never",
+    )
+    model = ScriptedChatModel(_ask("lookup", '{"item": 1}'), "Sorry.")
+    assert ai_service(Bot, model=model, tools=[broken]).ask("look it up") == "Sorry."
+    sent = model.requests[1].messages[-1].text or ""
+    assert sent.startswith("Invalid arguments for tool 'lookup': the tool's schema cannot check")

@@ -247,16 +247,22 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                     {"type": "any"} if request.tools else {"type": "tool", "name": output_tool}
                 )
         p = request.parameters
-        # Anthropic's default is "auto" already: a choice goes only when one was made.
-        if request.tools and p.tool_choice is not None and "tool_choice" not in kwargs:
-            kwargs["tool_choice"] = _tool_choice(p.tool_choice)
+        choice = p.tool_choice
+        if request.tools and choice is not None:
+            _check_choice(choice, request.tools)
+            if output_tool is None:
+                # Anthropic's default is "auto" already: a choice goes only when one was made.
+                kwargs["tool_choice"] = _tool_choice(choice)
+            elif choice == "none":
+                # No tool of the user's, but the answer still comes through the output tool.
+                kwargs["tool_choice"] = {"type": "tool", "name": output_tool}
+            elif choice not in ("auto", "required"):
+                kwargs["tool_choice"] = _tool_choice(choice)  # the named tool first
         if tools:
             kwargs["tools"] = tools
-            if p.parallel_tool_calls is False:
-                kwargs["tool_choice"] = {
-                    **kwargs.get("tool_choice", {"type": "auto"}),
-                    "disable_parallel_tool_use": True,
-                }
+            current = kwargs.get("tool_choice", {"type": "auto"})
+            if p.parallel_tool_calls is False and current["type"] != "none":
+                kwargs["tool_choice"] = {**current, "disable_parallel_tool_use": True}
         if p.temperature is not None:
             _put(kwargs, "temperature", p.temperature)
         if p.top_p is not None:
@@ -372,6 +378,15 @@ def _tool_input(request: ToolExecutionRequest) -> Any:
 
 
 _NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def _check_choice(choice: str, tools: Sequence[ToolSpecification]) -> None:
+    if choice in ("auto", "required", "none") or any(t.name == choice for t in tools):
+        return
+    raise ValueError(
+        f"tool_choice={choice!r} names no tool offered in this request; the tools are "
+        f"{', '.join(t.name for t in tools)}"
+    )
 
 
 def _tool_choice(choice: str) -> dict[str, Any]:

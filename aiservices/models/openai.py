@@ -238,7 +238,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         p = request.parameters
         if request.tools:
             kwargs["tools"] = cached_each(self._tool_cache, request.tools, _to_openai_tool)
-            kwargs["tool_choice"] = _tool_choice(p.tool_choice)
+            kwargs["tool_choice"] = _tool_choice(p.tool_choice, request.tools)
             if p.parallel_tool_calls is not None:
                 kwargs["parallel_tool_calls"] = p.parallel_tool_calls
         if request.response_format is not None and self._structured_output:
@@ -265,9 +265,14 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
 # -- request mapping helpers -----------------------------------------------------------------
 
 
-def _tool_choice(choice: str | None) -> str | dict[str, Any]:
+def _tool_choice(choice: str | None, tools: Sequence[ToolSpecification]) -> str | dict[str, Any]:
     if choice is None or choice in ("auto", "required", "none"):
         return choice or "auto"
+    if not any(t.name == choice for t in tools):
+        raise ValueError(
+            f"tool_choice={choice!r} names no tool offered in this request; the tools are "
+            f"{', '.join(t.name for t in tools)}"
+        )
     return {"type": "function", "function": {"name": choice}}
 
 

@@ -6,10 +6,12 @@ streamable HTTP on 127.0.0.1:PORT at /mcp. ``crash`` exits the process mid-call.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 
 server = MCPServer("weather")
 
@@ -30,6 +32,19 @@ def broken(city: str) -> str:
 def crash() -> str:
     """Ends the server process in the middle of the call."""
     os._exit(3)
+
+
+@server.tool()
+def refuse() -> str:
+    """Answers the call with a protocol error."""
+    raise MCPError(code=-32602, message="not allowed")
+
+
+@server.tool()
+async def slow() -> str:
+    """Takes a while, then tells the server's process id."""
+    await asyncio.sleep(1)
+    return str(os.getpid())
 
 
 @server.tool()

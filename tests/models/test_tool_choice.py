@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from _anthropic_server import AnthropicServer
@@ -125,3 +125,62 @@ def test_a_json_object_format_carries_the_schema_for_llama_cpp_style_servers(
     openai_server.reply_text('{"city": "Paris"}')
     model.chat(ChatRequest(ASK, response_format=ResponseFormat("City", schema, strict=True)))
     assert openai_server.last.body["response_format"] == {"type": "json_object", "schema": schema}
+
+
+def test_a_forcing_tool_choice_holds_for_the_first_answer_only() -> None:
+    from aiservices import AiMessage, ToolExecutionRequest, ai_service, tool
+    from aiservices.testing import ScriptedChatModel
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather."""
+        return "sunny"
+
+    class Bot(Protocol):
+        def ask(self, text: str) -> str: ...
+
+    model = ScriptedChatModel(
+        AiMessage(
+            tool_execution_requests=[ToolExecutionRequest("c", "get_weather", '{"city": "Oslo"}')]
+        ),
+        "Sunny.",
+    )
+    bot = ai_service(
+        Bot,
+        model=model,
+        tools=[get_weather],
+        parameters=ChatRequestParameters(tool_choice="required"),
+    )
+    assert bot.ask("Weather?") == "Sunny."
+    assert [r.parameters.tool_choice for r in model.requests] == ["required", "auto"]
+
+
+def test_a_tool_choice_naming_a_tool_not_offered_is_an_error(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    with pytest.raises(ValueError, match="names no tool offered in this request"):
+        openai_model().chat(
+            ChatRequest(ASK, [WEATHER], parameters=ChatRequestParameters(tool_choice="lookup"))
+        )
+    assert openai_server.requests == []
+
+
+def test_anthropic_none_and_the_output_tool(
+    anthropic_server: AnthropicServer, anthropic_model: Callable[..., Any]
+) -> None:
+    from aiservices.models import ResponseFormat
+
+    model = anthropic_model()
+    anthropic_server.reply_text("ok")
+    parameters = ChatRequestParameters(tool_choice="none", parallel_tool_calls=False)
+    model.chat(ChatRequest(ASK, [WEATHER], parameters=parameters))
+    assert anthropic_server.last.body["tool_choice"] == {"type": "none"}  # no parallel flag
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    anthropic_server.reply_message(
+        [{"type": "tool_use", "id": "t", "name": "Answer", "input": {"a": "x"}}],
+        stop_reason="tool_use",
+    )
+    fmt = ResponseFormat("Answer", schema)
+    model.chat(ChatRequest(ASK, [WEATHER], fmt, ChatRequestParameters(tool_choice="none")))
+    # No tool of the user's, and the answer still comes through the output tool.
+    assert anthropic_server.last.body["tool_choice"] == {"type": "tool", "name": "Answer"}
