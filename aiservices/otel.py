@@ -158,27 +158,39 @@ def observe_conversations(
 
         return callback
 
-    meter.create_observable_up_down_counter(
+    for kind, instrument, field, unit, description in _CONVERSATION_INSTRUMENTS:
+        create = getattr(meter, f"create_observable_{kind}")
+        create(instrument, callbacks=[reading(field)], unit=unit, description=description)
+
+
+# kind, name, ConversationStats field, unit, description
+_CONVERSATION_INSTRUMENTS = (
+    (
+        "up_down_counter",
         "aiservices.conversations.cached",
-        callbacks=[reading("cached_conversations")],
-        unit="{conversation}",
-        description="Conversations whose memory the service holds",
-    )
-    meter.create_observable_counter(
+        "cached_conversations",
+        "{conversation}",
+        "Conversations whose memory the service holds",
+    ),
+    (
+        "counter",
         "aiservices.turns.committed",
-        callbacks=[reading("turns_committed")],
-        unit="{turn}",
-        description="Turns recorded in a conversation's memory",
-    )
-    meter.create_observable_counter(
+        "turns_committed",
+        "{turn}",
+        "Turns recorded in a conversation's memory",
+    ),
+    (
+        "counter",
         "aiservices.messages.evicted",
-        callbacks=[reading("messages_evicted")],
-        unit="{message}",
-        description="Messages window memories removed from their window",
-    )
-    meter.create_observable_counter(
+        "messages_evicted",
+        "{message}",
+        "Messages window memories removed from their window",
+    ),
+    (
+        "counter",
         "aiservices.conversations.forgotten",
-        callbacks=[reading("conversations_forgotten")],
-        unit="{conversation}",
-        description="Conversations erased (forget, a scope's exit)",
-    )
+        "conversations_forgotten",
+        "{conversation}",
+        "Conversations erased (forget, a scope's exit)",
+    ),
+)
