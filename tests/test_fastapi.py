@@ -4,7 +4,6 @@ through FastAPI's TestClient and through a real uvicorn server on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sqlite3
 import threading
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 import uvicorn
 import websockets.sync.client
+from _servers import free_port
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.testclient import TestClient
 
@@ -171,16 +171,10 @@ def _wait_for(condition: Any, timeout: float = 5.0) -> None:
 # -- a real server ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     app, store = _app(tmp_path / "chat.db", delay=0.05)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )

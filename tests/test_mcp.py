@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -15,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from _servers import serving
 
 from aiservices import AiMessage, ToolExecutionRequest, ai_service
 from aiservices.mcp import McpToolset
@@ -50,32 +49,10 @@ def stdio_toolset() -> Iterator[McpToolset]:
         yield toolset
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def http_url() -> Iterator[str]:
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, str(SERVER), "http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert time.monotonic() < deadline, "the MCP server did not start"
-        time.sleep(0.05)
-    try:
+    with serving(lambda port: [sys.executable, str(SERVER), "http", str(port)]) as port:
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def test_a_stdio_servers_tools_are_offered_and_called_from_a_sync_method(

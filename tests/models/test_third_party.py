@@ -7,15 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
-import subprocess
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import pytest
+from _servers import serving
 from pydantic import BaseModel
 
 from aiservices import ChatMemoryAccess, MemoryId, MessageWindowChatMemory, ai_service, tool
@@ -41,28 +39,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     assert FAKELLM is not None
-    process = subprocess.Popen(
-        [FAKELLM, "serve", "--host", "127.0.0.1", "--port", str(port), "--config", str(CONFIG)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        assert process.poll() is None, "fakellm exited"
-        assert time.monotonic() < deadline, "fakellm did not start"
-        time.sleep(0.1)
-    try:
+    command = [FAKELLM, "serve", "--host", "127.0.0.1", "--config", str(CONFIG), "--port"]
+    with serving(lambda port: [*command, str(port)]) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(params=["openai", "anthropic"])
