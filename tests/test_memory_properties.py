@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiservices.memory import MessageWindowChatMemory, TokenWindowChatMemory
-from aiservices.memory._window import WindowChatMemory
+from aiservices.memory._window_memory import WindowChatMemory
 from aiservices.messages import (
     AiMessage,
     ChatMessage,

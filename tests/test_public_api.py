@@ -139,6 +139,8 @@ DEFERRED = (
     "aiservices._streams",
     "aiservices.memory._history",
     "aiservices.memory._window",
+    "aiservices.memory._window_memory",
+    "aiservices.memory._store_ops",
     "aiservices.memory.summarizing",
     "aiservices.memory.token_window",
     "aiservices.memory.tokens",
@@ -162,7 +164,7 @@ def test_import_defers_modules_used_only_later() -> None:
 
 
 def test_deferred_names_are_the_defining_modules_objects() -> None:
-    import aiservices.memory._window
+    import aiservices.memory._window_memory
     import aiservices.memory.token_window
     import aiservices.memory.tokens
     import aiservices.memory.window
@@ -172,7 +174,7 @@ def test_deferred_names_are_the_defining_modules_objects() -> None:
     memory, stores = aiservices.memory, aiservices.stores
     assert aiservices.InMemoryChatMemoryStore is stores.in_memory.InMemoryChatMemoryStore
     assert aiservices.MessageWindowChatMemory is memory.window.MessageWindowChatMemory
-    assert memory.WindowChatMemoryProvider is memory._window.WindowChatMemoryProvider
+    assert memory.WindowChatMemoryProvider is memory._window_memory.WindowChatMemoryProvider
     assert aiservices.TokenWindowChatMemory is memory.token_window.TokenWindowChatMemory
     assert aiservices.TokenCountEstimator is memory.tokens.TokenCountEstimator
     for name in ("EncodingUnavailableError", "OpenAiTokenCountEstimator", "TokenCountEstimator"):

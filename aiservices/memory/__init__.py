@@ -15,7 +15,7 @@ from ._base import ChatMemory, ChatMemoryProvider
 
 if TYPE_CHECKING:
     from ._history import sent_on_turn
-    from ._window import WindowChatMemoryProvider
+    from ._window_memory import WindowChatMemoryProvider
     from .summarizing import SummarizingChatMemory
     from .token_window import TokenWindowChatMemory
     from .tokens import EncodingUnavailableError, OpenAiTokenCountEstimator, TokenCountEstimator
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # imports aiservices.
 _LAZY = {
     "MessageWindowChatMemory": ".window",
-    "WindowChatMemoryProvider": "._window",
+    "WindowChatMemoryProvider": "._window_memory",
     "EncodingUnavailableError": ".tokens",
     "OpenAiTokenCountEstimator": ".tokens",
     "TokenCountEstimator": ".tokens",

@@ -1,10 +1,10 @@
 """``SummarizingChatMemory``: folds the oldest turns into one summary that a model writes.
 
-The memory is the window engine with two changes: it never evicts on its own (its ``_trim``
-evicts nothing), and an add that leaves the window over budget folds the oldest whole turns,
-with the previous summary, into a new summary message before its one store write. The
-summary is an ordinary ``UserMessage`` whose ``message_id`` starts with ``summary-``; it is
-stored like any message and shown right after the system message.
+The memory is a window memory whose overflow policy, :class:`Summarize`, never evicts: an
+add that leaves the window over budget folds the oldest whole turns, with the previous
+summary, into a new summary message before its one store write. The summary is an ordinary
+``UserMessage`` whose ``message_id`` starts with ``summary-``; it is stored like any message
+and shown right after the system message (the window's lead).
 
 Summarising happens inside the add (a service's commit), not at the next read, so that one
 write carries the turn, the removal of the folded turns and the new summary, and a read
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator, Hashable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from ..messages import (
     AiMessage,
@@ -29,21 +29,8 @@ from ..messages import (
 )
 from ..models._base import ChatModel, ChatRequest
 from ..stores._base import ChatMemoryStore
-from ._window import (
-    AsyncMode,
-    Limit,
-    ReportedUsage,
-    StoreWrite,
-    WindowChatMemory,
-    WindowChatMemoryProvider,
-    WindowState,
-    acquire_polling,
-    check_limit,
-    check_messages,
-    decrement,
-    holds,
-    message_key,
-)
+from ._window import Limit, Window, check_limit
+from ._window_memory import ASK, ReportedUsage, WindowChatMemory, WindowChatMemoryProvider
 from .token_window import count_error, estimate_method
 from .tokens import TokenCountEstimator
 
@@ -51,10 +38,10 @@ __all__ = [
     "DEFAULT_SUMMARY_PREFIX",
     "DEFAULT_SUMMARY_PROMPT",
     "SUMMARY_ID_PREFIX",
+    "Summarize",
     "SummarizingChatMemory",
     "is_summary",
 ]
-
 SUMMARY_ID_PREFIX: Final = "summary-"
 """How a summary's ``message_id`` starts: what marks a stored message as the summary."""
 
@@ -74,28 +61,7 @@ DEFAULT_SUMMARY_PREFIX: Final = "Summary of the earlier conversation:\n"
 # folded again with the next turns, a bounded number of times.
 _MAX_SUMMARIES: Final = 3
 
-_READ: Final = 0
-_SUMMARIZE: Final = 1
-_WRITE: Final = 2
-
 _log = logging.getLogger("aiservices.memory")
-
-
-class _SummaryState(WindowState):
-    """A window's state with a summary, shown right after the system message."""
-
-    __slots__ = ("summary", "summary_cost")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.summary: ChatMessage | None = None
-        self.summary_cost = 0
-
-    def snapshot(self) -> list[ChatMessage]:
-        out = super().snapshot()
-        if self.summary is not None:
-            out.insert(0 if self.system is None else self.system_pos + 1, self.summary)
-        return out
 
 
 def is_summary(message: ChatMessage) -> bool:
@@ -104,6 +70,132 @@ def is_summary(message: ChatMessage) -> bool:
     return (
         isinstance(message, UserMessage) and mid is not None and mid.startswith(SUMMARY_ID_PREFIX)
     )
+
+
+class Summarize:
+    """The overflow policy that folds the oldest whole turns into a summary a model writes."""
+
+    evicts_on_read = False  # nothing leaves the window without being summarised
+
+    def __init__(
+        self,
+        summarizer: ChatModel,
+        *,
+        down_to: float,
+        prompt: str,
+        prefix: str,
+        counts_tokens: bool,
+        label: str,
+    ) -> None:
+        self.summarizer = summarizer
+        self.down_to = down_to
+        self.prompt = prompt
+        self.prefix = prefix
+        self.counts_tokens = counts_tokens
+        self.label = label  # names the memory in the log
+        self.last_error: Exception | None = None
+
+    def is_lead(self, message: ChatMessage) -> bool:
+        return is_summary(message)
+
+    def overflow(
+        self, window: Window, limit: int, added: Sequence[ChatMessage]
+    ) -> Generator[Any, Any, tuple[list[ChatMessage], list[ChatMessage]]]:
+        """Fold the oldest turns (never this add's) until the window fits; the fold's
+        messages leave the window and the new summary comes in."""
+        msgs = window.msgs
+        lead = window.lead
+        batch = sum(1 for m in added if not isinstance(m, SystemMessage) and m is not lead)
+        base = len(msgs) - batch  # where this add's messages start
+        folded = 0  # msgs[:folded] go into `summary`
+        summary: ChatMessage | None = None
+        summary_cost = window.lead_cost
+        guess = summary_cost if lead is not None or self.counts_tokens else 1
+        previous = lead
+        for _ in range(_MAX_SUMMARIES):
+            cut = self._cut(window, limit, base, folded, summary_cost, guess)
+            if cut == folded:
+                break
+            request = self._request(previous, msgs[folded:cut])
+            response = yield ASK, (self.summarizer, request)
+            try:
+                if isinstance(response, Exception):
+                    raise response
+                made = self._summary_message(response)
+                made_cost = window.cost(made)
+            except Exception as error:
+                self.last_error = error
+                _log.warning(
+                    "%s: the summariser failed (%s); the turn is stored without a "
+                    "summary, and the next add tries again",
+                    self.label,
+                    type(error).__name__,
+                )
+                break
+            self.last_error = None
+            summary, summary_cost, folded, previous = made, made_cost, cut, made
+            guess = made_cost
+        if summary is None:
+            return [], []
+        gone = window.drop_front(folded)
+        old = window.set_lead(summary, summary_cost)
+        if old is not None:
+            gone.append(old)
+        return gone, [summary]
+
+    def _cut(  # noqa: PLR0917 - private, one caller
+        self,
+        window: Window,
+        limit: int,
+        base: int,
+        start: int,
+        summary_cost: int,
+        guess: int,
+    ) -> int:
+        """Where to fold up to, from ``start``: ``start`` when the window fits.
+
+        A cut falls on a ``UserMessage`` (whole turns), never past the newest one nor into
+        the messages this add brings (``base`` on); the first cut that brings the window
+        down to ``summarize_down_to`` of ``limit`` wins, else the last allowed one.
+        """
+        msgs, costs = window.msgs, window.costs
+        rest = window.total - sum(costs[:start])
+        if window.system_cost + summary_cost + rest <= limit:
+            return start
+        newest = len(msgs) - 1
+        while newest > start and not isinstance(msgs[newest], UserMessage):
+            newest -= 1
+        stop = min(base, newest)
+        target = int(limit * self.down_to)
+        fixed = window.system_cost + guess
+        best = start
+        for i in range(start, stop + 1):
+            if i > start and isinstance(msgs[i], UserMessage):
+                best = i
+                if fixed + rest <= target:
+                    break
+            rest -= costs[i]
+        return best
+
+    def _request(
+        self, previous: ChatMessage | None, messages: Sequence[ChatMessage]
+    ) -> ChatRequest:
+        parts = []
+        if previous is not None:
+            text = getattr(previous, "text", "") or ""
+            parts.append(f"Previous summary:\n{text.removeprefix(self.prefix)}")
+        parts.append("New messages:\n" + "\n".join(_transcript(messages)))
+        return ChatRequest([SystemMessage(self.prompt), UserMessage("\n\n".join(parts))])
+
+    def _summary_message(self, response: Any) -> UserMessage:
+        text = getattr(getattr(response, "ai_message", None), "text", None)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"the summariser answered with no text: {response!r:.200}")
+        return UserMessage(
+            self.prefix + text.strip(),
+            message_id=SUMMARY_ID_PREFIX + new_message_id(),
+            created_at=datetime.now(UTC),
+        )
 
 
 class SummarizingChatMemory(WindowChatMemory):
@@ -122,10 +214,10 @@ class SummarizingChatMemory(WindowChatMemory):
     is stored (and so reaches a store's history) before it is summarised. A summariser that
     raises, or answers with no text, folds nothing: the add stores its messages without the
     fold, the window stays over budget, :attr:`last_summary_error` keeps the error, and the
-    next add tries again. The system message is always shown first.
+    next add tries again. The system message is always shown first. The summariser is
+    called inside the add (a service's commit), under the memory's lock; async callers'
+    adds await its ``achat`` when it has one.
     """
-
-    _state_type = _SummaryState
 
     def __init__(
         self,
@@ -155,25 +247,34 @@ class SummarizingChatMemory(WindowChatMemory):
         self._estimate = (
             None if token_count_estimator is None else estimate_method(token_count_estimator)
         )
-        self._summarizer = summarizer
-        self._down_to = float(summarize_down_to)
-        self._prompt = prompt
-        self._prefix = summary_prefix
-        self.last_summary_error: Exception | None = None
-        """The error of the last summariser call that failed; ``None`` after one succeeds."""
+        self._summarize = Summarize(
+            summarizer,
+            down_to=float(summarize_down_to),
+            prompt=prompt,
+            prefix=summary_prefix,
+            counts_tokens=token_count_estimator is not None,
+            label=f"{type(self).__name__}(id={id!r})",
+        )
         super().__init__(
             limit,
             id=id,
             store=store,
             always_keep_system_message_first=True,
             evict_whole_turns=True,
+            count=None if self._estimate is None else self._counted,
             calibrate=calibrate,
+            policy=self._summarize,
         )
 
     @property
     def summarizer(self) -> ChatModel:
         """The model that writes the summaries."""
-        return self._summarizer
+        return self._summarize.summarizer
+
+    @property
+    def last_summary_error(self) -> Exception | None:
+        """The error of the last summariser call that failed; ``None`` after one succeeds."""
+        return self._summarize.last_error
 
     @property
     def token_count_estimator(self) -> TokenCountEstimator | None:
@@ -198,329 +299,13 @@ class SummarizingChatMemory(WindowChatMemory):
         """
         self._observe_usage(messages, usage)
 
-    # The ChatMemory protocol: messages(), set() and clear() are the engine's.
-
-    def add(self, *messages: ChatMessage) -> None:
-        """Add messages in order with one store write, folding old turns if over budget.
-
-        The summariser, when needed, is called here, under the memory's lock.
-        """
-        if not messages:
-            return
-        check_messages(messages, "add")
-        with self._lock:
-            steps = self._adding(messages)
-            value: Any = None
-            try:
-                while True:
-                    op, argument = steps.send(value)
-                    if op == _READ:
-                        value = self._get(self._id)
-                    elif op == _SUMMARIZE:
-                        try:
-                            value = self._summarizer.chat(argument)
-                        except Exception as error:  # handed to the add, which keeps the turn
-                            value = error
-                    else:
-                        self._write(argument)
-                        value = None
-            except StopIteration:
-                return
-            except BaseException:
-                self._state = None
-                raise
-
-    async def aadd(self, *messages: ChatMessage) -> None:
-        """:meth:`add` for async callers: awaits the summariser's ``achat`` when it has one."""
-        if not messages:
-            return
-        check_messages(messages, "add")
-        await acquire_polling(self._lock)
-        try:
-            steps = self._adding(messages)
-            value: Any = None
-            try:
-                while True:
-                    op, argument = steps.send(value)
-                    if op == _READ:
-                        value = await self._aread()
-                    elif op == _SUMMARIZE:
-                        value = await self._asummarize(argument)
-                    else:
-                        await self._awrite(argument)
-                        value = None
-            except StopIteration:
-                return
-            except BaseException:
-                self._state = None
-                raise
-        finally:
-            self._lock.release()
-
-    # The engine's hooks.
-
-    def _cost(self, message: ChatMessage) -> int:
+    def _counted(self, message: ChatMessage) -> int:
         estimate = self._estimate
-        if estimate is None:
-            return 1
+        assert estimate is not None
         count = estimate(message)
         if type(count) is int and count >= 0:
             return count
         raise count_error(self._estimator, message, count)
-
-    def _trim(self, state: WindowState, limit: int) -> list[ChatMessage]:
-        # Nothing leaves the window without being summarised: folding is the add's job.
-        state.limit = limit
-        return []
-
-    def _build(
-        self, messages: Sequence[ChatMessage], limit: int, *, from_store: bool
-    ) -> _SummaryState:
-        summary: ChatMessage | None = None
-        extra: list[str] = []
-        others: list[ChatMessage] = []
-        for m in messages:
-            if is_summary(m):
-                if summary is not None and summary.message_id is not None:
-                    extra.append(summary.message_id)  # several writers: the last one wins
-                summary = m
-            else:
-                others.append(m)
-        if summary is None:
-            return cast(_SummaryState, super()._build(messages, limit, from_store=from_store))
-        state = cast(_SummaryState, super()._build(others, limit, from_store=from_store))
-        key = message_key(summary)
-        old = self._state
-        cost = old.known.get(key) if old is not None else None
-        if cost is None:
-            cost = self._cost(summary)
-        state.known[key] = cost
-        state.summary = summary
-        state.summary_cost = cost
-        if from_store:
-            state.pending += extra
-        return state
-
-    def _refresh(self, stored: Sequence[ChatMessage], limit: int) -> WindowState:
-        state = cast(_SummaryState | None, self._state)
-        if state is not None and state.limit == limit and not state.pending and not state.rewrite:
-            summary = state.summary
-            if summary is None:
-                if holds(state, stored):
-                    return state
-            else:
-                sid = summary.message_id
-                others = [m for m in stored if m is not summary and m.message_id != sid]
-                if len(others) == len(stored) - 1 and holds(state, others):
-                    return state
-        return self._build(stored, limit, from_store=True)
-
-    # An add, as steps: yields (_READ, None) for the stored messages, (_SUMMARIZE, request)
-    # for the summariser's response (or the exception it raised), and (_WRITE, write).
-
-    def _adding(self, messages: Sequence[ChatMessage]) -> Generator[tuple[int, Any], Any, None]:
-        limit = self._read_limit()
-        state = cast(_SummaryState | None, self._state)
-        if state is None:
-            stored = yield _READ, None
-            state = self._state = self._build(stored, limit, from_store=True)
-        incoming: ChatMessage | None = None
-        if any(is_summary(m) for m in messages):
-            # A copied conversation (``add(*other.messages())``): its summary is the summary.
-            for m in messages:
-                if is_summary(m):
-                    incoming = m
-            messages = [m for m in messages if not is_summary(m)]
-        base = len(state.msgs)
-        write = self._stage(messages, state, limit)
-        if incoming is not None and (
-            state.summary is None or incoming.message_id != state.summary.message_id
-        ):
-            write = write or StoreWrite(None, [], [])
-            self._replace_summary(state, incoming, self._cost(incoming), write)
-        if write is None:
-            return
-
-        folded = 0  # state.msgs[:folded] go into `summary`
-        summary: ChatMessage | None = None
-        summary_cost = state.summary_cost
-        guess = summary_cost if state.summary is not None or self._estimate is not None else 1
-        previous = state.summary
-        for _ in range(_MAX_SUMMARIES):
-            cut = self._cut(state, limit, base, folded, summary_cost, guess)
-            if cut == folded:
-                break
-            response = yield _SUMMARIZE, self._request(previous, state.msgs[folded:cut])
-            try:
-                if isinstance(response, Exception):
-                    raise response
-                made = self._summary_message(response)
-                made_cost = self._cost(made)
-            except Exception as error:
-                self.last_summary_error = error
-                _log.warning(
-                    "%s(id=%r): the summariser failed (%s); the turn is stored without a "
-                    "summary, and the next add tries again",
-                    type(self).__name__,
-                    self._id,
-                    type(error).__name__,
-                )
-                break
-            self.last_summary_error = None
-            summary, summary_cost, folded, previous = made, made_cost, cut, made
-            guess = made_cost
-        if summary is not None:
-            write = self._fold(state, folded, summary, summary_cost, write)
-        yield _WRITE, write
-
-    def _cut(  # noqa: PLR0917 - private, one caller
-        self,
-        state: _SummaryState,
-        limit: int,
-        base: int,
-        start: int,
-        summary_cost: int,
-        guess: int,
-    ) -> int:
-        """Where to fold up to, from ``start``: ``start`` when the window fits.
-
-        A cut falls on a ``UserMessage`` (whole turns), never past the newest one nor into
-        the messages this add brings (``base`` on); the first cut that brings the window
-        down to ``summarize_down_to`` of ``limit`` wins, else the last allowed one.
-        """
-        msgs, costs = state.msgs, state.costs
-        rest = state.total - sum(costs[:start])
-        if state.system_cost + summary_cost + rest <= limit:
-            return start
-        newest = len(msgs) - 1
-        while newest > start and not isinstance(msgs[newest], UserMessage):
-            newest -= 1
-        stop = min(base, newest)
-        target = int(limit * self._down_to)
-        fixed = state.system_cost + guess
-        best = start
-        for i in range(start, stop + 1):
-            if i > start and isinstance(msgs[i], UserMessage):
-                best = i
-                if fixed + rest <= target:
-                    break
-            rest -= costs[i]
-        return best
-
-    def _request(
-        self, previous: ChatMessage | None, messages: Sequence[ChatMessage]
-    ) -> ChatRequest:
-        parts = []
-        if previous is not None:
-            text = getattr(previous, "text", "") or ""
-            parts.append(f"Previous summary:\n{text.removeprefix(self._prefix)}")
-        parts.append("New messages:\n" + "\n".join(_transcript(messages)))
-        return ChatRequest([SystemMessage(self._prompt), UserMessage("\n\n".join(parts))])
-
-    def _summary_message(self, response: Any) -> UserMessage:
-        text = getattr(getattr(response, "ai_message", None), "text", None)
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"the summariser answered with no text: {response!r:.200}")
-        return UserMessage(
-            self._prefix + text.strip(),
-            message_id=SUMMARY_ID_PREFIX + new_message_id(),
-            created_at=datetime.now(UTC),
-        )
-
-    def _fold(
-        self, state: _SummaryState, k: int, summary: ChatMessage, cost: int, write: StoreWrite
-    ) -> StoreWrite:
-        """Replace ``state.msgs[:k]`` and the old summary with ``summary``; the write for it."""
-        msgs, costs, known = state.msgs, state.costs, state.known
-        folded = msgs[:k]
-        state.total -= sum(costs[:k])
-        del msgs[:k], costs[:k]
-        gone = self._gone
-        removed: list[str] = []
-        whole = write.full is not None or self._apply is None
-        for m in folded:
-            if isinstance(m, ToolExecutionResultMessage):
-                decrement(state.answered, m.id)
-            elif isinstance(m, AiMessage):
-                for r in m.tool_execution_requests:
-                    decrement(state.open, r.id)
-            key = message_key(m)
-            folded_cost = known.pop(key, None)
-            if gone is not None and folded_cost is not None:
-                gone[key] = folded_cost
-            if m.message_id is None:
-                whole = True
-            else:
-                removed.append(m.message_id)
-        self._replace_summary(state, summary, cost, write)
-        if whole:
-            return StoreWrite(state.snapshot(), [], [])
-        write.removed = [*write.removed, *removed]
-        return write
-
-    def _replace_summary(
-        self, state: _SummaryState, summary: ChatMessage, cost: int, write: StoreWrite
-    ) -> None:
-        old = state.summary
-        if old is not None:
-            state.known.pop(message_key(old), None)
-            if any(m is old for m in write.appended):
-                # Brought by this very add: it never reaches the store.
-                write.appended = [m for m in write.appended if m is not old]
-            elif old.message_id is not None:
-                write.removed = [*write.removed, old.message_id]
-        state.summary = summary
-        state.summary_cost = cost
-        state.known[message_key(summary)] = cost
-        if write.full is not None:
-            write.full = state.snapshot()
-        else:
-            write.appended = [*write.appended, summary]
-
-    # Store I/O.
-
-    def _write(self, write: StoreWrite) -> None:
-        if write.full is None and self._apply is not None:
-            self._apply(self._id, appended=write.appended, removed=write.removed)
-        else:
-            self._update(self._id, write.full or [])
-
-    async def _aread(self) -> list[ChatMessage]:
-        import asyncio
-
-        if self._async is AsyncMode.DIRECT:
-            return self._get(self._id)
-        if self._async is AsyncMode.THREAD:
-            return await asyncio.to_thread(self._get, self._id)
-        stored: list[ChatMessage] = await self._store.aget_messages(  # type: ignore[attr-defined]
-            self._id
-        )
-        return stored
-
-    async def _awrite(self, write: StoreWrite) -> None:
-        import asyncio
-
-        if self._async is AsyncMode.DIRECT:
-            return self._write(write)
-        if self._async is AsyncMode.THREAD:
-            return await asyncio.to_thread(self._write, write)
-        store: Any = self._store
-        if write.full is None:
-            await store.aapply_changes(self._id, appended=write.appended, removed=write.removed)
-        else:
-            await store.aupdate_messages(self._id, write.full)
-        return None
-
-    async def _asummarize(self, request: Any) -> Any:
-        import asyncio
-
-        try:
-            achat = getattr(self._summarizer, "achat", None)
-            if achat is not None:
-                return await achat(request)
-            return await asyncio.to_thread(self._summarizer.chat, request)
-        except Exception as error:  # handed to the add, which keeps the turn
-            return error
 
     @classmethod
     def provider(

@@ -6,7 +6,8 @@ from collections.abc import Callable, Hashable, Sequence
 
 from ..messages import ChatMessage
 from ..stores._base import ChatMemoryStore
-from ._window import Limit, ReportedUsage, WindowChatMemory, WindowChatMemoryProvider, check_limit
+from ._window import Limit, check_limit
+from ._window_memory import ReportedUsage, WindowChatMemory, WindowChatMemoryProvider
 from .tokens import TokenCountEstimator
 
 __all__ = ["TokenWindowChatMemory"]
@@ -45,6 +46,7 @@ class TokenWindowChatMemory(WindowChatMemory):
             store=store,
             always_keep_system_message_first=always_keep_system_message_first,
             evict_whole_turns=evict_whole_turns,
+            count=self._counted,
             calibrate=calibrate,
         )
 
@@ -73,7 +75,7 @@ class TokenWindowChatMemory(WindowChatMemory):
         """
         self._observe_usage(messages, usage)
 
-    def _cost(self, message: ChatMessage) -> int:
+    def _counted(self, message: ChatMessage) -> int:
         count = self._estimate(message)
         if type(count) is int and count >= 0:
             return count

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from ..messages import ChatMessage
 from ..stores._base import ChatMemoryStore
-from ._window import Limit, WindowChatMemory, WindowChatMemoryProvider, check_limit
+from ._window import Limit, check_limit
+from ._window_memory import WindowChatMemory, WindowChatMemoryProvider
 
 __all__ = ["MessageWindowChatMemory"]
 
@@ -41,11 +41,6 @@ class MessageWindowChatMemory(WindowChatMemory):
             always_keep_system_message_first=always_keep_system_message_first,
             evict_whole_turns=evict_whole_turns,
         )
-
-    _unit_cost = 1
-
-    def _cost(self, message: ChatMessage) -> int:
-        return 1
 
     @classmethod
     def provider(

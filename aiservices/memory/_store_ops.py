@@ -1,0 +1,165 @@
+"""The one door a memory writes through: a store resolved once to the operations it needs.
+
+A window needs four operations: read the window (reusing what an earlier read parsed, when
+the store can), write a delta (append these, remove those), replace the conversation, and
+delete it; each sync and async. :func:`store_ops` resolves a store to them once, by what it
+offers: ``get_messages_since`` for reads that parse only new rows, ``apply_changes`` for
+delta writes, the ``a``-prefixed twins for native async I/O. A plain three-method store
+gets delta writes through a generic adapter (read, apply the delta, write back), so a
+memory has one write path whatever the store.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from ..messages import ChatMessage
+
+__all__ = ["AsyncMode", "StoreOps", "store_ops"]
+
+
+class AsyncMode(enum.Enum):
+    """How async callers reach a store."""
+
+    DIRECT = "direct"  # the store does no I/O: call the sync methods
+    NATIVE = "native"  # the store has async methods
+    THREAD = "thread"  # run the sync methods in a worker thread
+
+
+class StoreOps:
+    """A store's operations, as a memory calls them; one object per kind of store."""
+
+    __slots__ = ("apply", "mode", "since")
+
+    def __init__(self, *, since: bool, apply: bool, mode: AsyncMode) -> None:
+        self.since = since  # the store has get_messages_since
+        self.apply = apply  # the store has apply_changes
+        self.mode = mode
+
+    def read(
+        self, store: Any, memory_id: Hashable, since: object
+    ) -> tuple[list[ChatMessage], object]:
+        """The stored window, and what to pass as ``since`` to the next read."""
+        if self.since:
+            return store.get_messages_since(memory_id, since)  # type: ignore[no-any-return]
+        return store.get_messages(memory_id), None
+
+    def write(
+        self,
+        store: Any,
+        memory_id: Hashable,
+        appended: Sequence[ChatMessage],
+        removed: Sequence[ChatMessage],
+        snapshot: Callable[[], list[ChatMessage]],
+    ) -> None:
+        """Append ``appended`` and remove ``removed``; ``snapshot`` is the whole window."""
+        ids = _ids(removed)
+        if self.apply and ids is not None:
+            store.apply_changes(memory_id, appended=appended, removed=ids)
+        elif ids is None and self.apply:
+            # A removed message without an id can only be removed by writing the window.
+            store.update_messages(memory_id, snapshot())
+        else:
+            stored = store.get_messages(memory_id)
+            store.update_messages(memory_id, [*_without(stored, removed), *appended])
+
+    def replace(self, store: Any, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        store.update_messages(memory_id, messages)
+
+    def delete(self, store: Any, memory_id: Hashable) -> None:
+        store.delete_messages(memory_id)
+
+    # Native async twins (mode NATIVE only).
+
+    async def aread(
+        self, store: Any, memory_id: Hashable, since: object
+    ) -> tuple[list[ChatMessage], object]:
+        if self.since:
+            return await store.aget_messages_since(memory_id, since)  # type: ignore[no-any-return]
+        return await store.aget_messages(memory_id), None
+
+    async def awrite(
+        self,
+        store: Any,
+        memory_id: Hashable,
+        appended: Sequence[ChatMessage],
+        removed: Sequence[ChatMessage],
+        snapshot: Callable[[], list[ChatMessage]],
+    ) -> None:
+        ids = _ids(removed)
+        if self.apply and ids is not None:
+            await store.aapply_changes(memory_id, appended=appended, removed=ids)
+        elif ids is None and self.apply:
+            await store.aupdate_messages(memory_id, snapshot())
+        else:
+            stored = await store.aget_messages(memory_id)
+            await store.aupdate_messages(memory_id, [*_without(stored, removed), *appended])
+
+    async def areplace(
+        self, store: Any, memory_id: Hashable, messages: Sequence[ChatMessage]
+    ) -> None:
+        await store.aupdate_messages(memory_id, messages)
+
+    async def adelete(self, store: Any, memory_id: Hashable) -> None:
+        await store.adelete_messages(memory_id)
+
+
+def _ids(removed: Sequence[ChatMessage]) -> list[str] | None:
+    ids = [m.message_id for m in removed]
+    return None if None in ids else ids  # type: ignore[return-value]
+
+
+def _without(stored: list[ChatMessage], removed: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """``stored`` less the removed messages: by id, else the same object, else an equal one."""
+    if not removed:
+        return stored
+    ids = {m.message_id for m in removed if m.message_id is not None}
+    objects = {id(m) for m in removed}
+    equal = [m for m in removed if m.message_id is None]
+    kept: list[ChatMessage] = []
+    for m in stored:
+        mid = m.message_id
+        if mid is not None and mid in ids:
+            continue
+        if mid is None:
+            if id(m) in objects:
+                continue
+            match = next((i for i, e in enumerate(equal) if e == m), None)
+            if match is not None:
+                del equal[match]
+                continue
+        kept.append(m)
+    return kept
+
+
+_RESOLVED: dict[tuple[type, bool], StoreOps] = {}
+
+
+def store_ops(store: object) -> StoreOps:
+    """The operations of ``store``, resolved by what it offers (cached per kind of store)."""
+    blocking = getattr(store, "is_blocking", True) is not False
+    key = (type(store), blocking)
+    ops = _RESOLVED.get(key)
+    if ops is None:
+        ops = _RESOLVED[key] = _resolve(store, blocking)
+    return ops
+
+
+def _resolve(store: object, blocking: bool) -> StoreOps:
+    def has(name: str) -> bool:
+        return callable(getattr(store, name, None))
+
+    since = has("get_messages_since")
+    apply = has("apply_changes")
+    if not blocking:
+        mode = AsyncMode.DIRECT
+    else:
+        needed = ["aget_messages", "aupdate_messages", "adelete_messages"]
+        if apply:
+            needed.append("aapply_changes")
+        if since:
+            needed.append("aget_messages_since")
+        mode = AsyncMode.NATIVE if all(map(has, needed)) else AsyncMode.THREAD
+    return StoreOps(since=since, apply=apply, mode=mode)

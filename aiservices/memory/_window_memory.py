@@ -1,0 +1,509 @@
+"""A window kept in step with a store: the memory both window memories and summaries share.
+
+Each operation (read, add, set, clear) is one generator that yields its store I/O and asks
+for model calls; a sync and an async driver perform them under the memory's lock, so the
+rules are written once. Store traffic: a read reads once (only the rows newer than the
+window when the store can); an add writes one delta, and reads only when the memory holds
+no window yet.
+
+Calibration (``calibrate=True``): after a turn, :meth:`WindowChatMemory.observe_usage`
+compares the provider's count of the request's input with the memory's estimate of the same
+messages; the ratio divides the limit from then on. The window is trimmed to it at the next
+add, never at a read: a read never hides a message that the store still holds in the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
+
+from .._locks import TurnLock
+from ..messages import ChatMessage, new_message_id
+from ..stores._base import ChatMemoryStore
+from ._store_ops import AsyncMode, store_ops
+from ._window import EVICT, Limit, OverflowPolicy, Window, check_limit, check_messages, message_key
+
+__all__ = ["ReportedUsage", "WindowChatMemory", "WindowChatMemoryProvider"]
+
+READ: Final = 0
+WRITE: Final = 1
+REPLACE: Final = 2
+DELETE: Final = 3
+ASK: Final = 4  # a model call an overflow policy asks for: (model, request)
+
+_Steps = Generator[tuple[int, Any], Any, Any]
+
+
+class ReportedUsage(Protocol):
+    """What calibration reads of a reported ``TokenUsage``."""
+
+    @property
+    def input_tokens(self) -> int | None: ...
+
+
+class WindowChatMemory:
+    """A memory whose window keeps the newest messages that fit its limit, in a store.
+
+    ``count`` gives a message's cost (``None``: 1 per message); ``policy`` decides what
+    becomes of the units that no longer fit (by default they are evicted).
+    """
+
+    _limit_name: str = "limit"
+
+    def __init__(
+        self,
+        limit: Limit,
+        *,
+        id: Hashable,  # noqa: A002
+        store: ChatMemoryStore | None,
+        always_keep_system_message_first: bool,
+        evict_whole_turns: bool,
+        count: Callable[[ChatMessage], int] | None = None,
+        calibrate: bool = False,
+        policy: OverflowPolicy = EVICT,
+    ) -> None:
+        try:
+            hash(id)
+        except TypeError:
+            raise TypeError(
+                f"a memory id must be hashable (a str, int, UUID...), got {type(id).__name__}"
+            ) from None
+        self._id = id
+        self._limit_spec = limit
+        if callable(limit):
+            self._fixed_limit = 0
+            self._limit_fn: Callable[[Any], object] | None = limit
+        else:
+            self._fixed_limit = check_limit(limit, self._limit_name)
+            self._limit_fn = None
+        self._store: Any = default_store() if store is None else check_store(store)
+        self._ops = store_ops(self._store)
+        self._keep_system_first = bool(always_keep_system_message_first)
+        self._whole_turns = bool(evict_whole_turns)
+        self._count = count
+        self._policy = policy
+        self._lock = TurnLock()
+        self._costs: dict[object, int] = {}  # by message_key, for the window's messages
+        self._window: Window | None = None  # None: read the store first
+        self._since: object = None  # what the store's last read said to pass to the next
+        # Stored messages the window left out at a read: the next add removes them.
+        self._pending: list[ChatMessage] = []
+        self.evicted_messages = 0
+        """Messages this memory object's adds removed from its store's window."""
+        self._calibrate = bool(calibrate)
+        self._base_limit = self._fixed_limit
+        self._factor = 1.0  # provider tokens per estimated token
+        # Costs of the messages the last add evicted, kept for calibration: the request it
+        # observes held them, and the window no longer does.
+        self._gone: dict[object, int] = {}
+
+    # The ChatMemory protocol.
+
+    @property
+    def id(self) -> Hashable:
+        """The memory id: the key of this conversation in the store."""
+        return self._id
+
+    @property
+    def store(self) -> ChatMemoryStore:
+        """The store that keeps this memory's messages."""
+        return self._store  # type: ignore[no-any-return]
+
+    @property
+    def is_blocking(self) -> bool:
+        """Whether the store does I/O; when not, async callers use the sync methods."""
+        return self._ops.mode is not AsyncMode.DIRECT
+
+    def messages(self) -> list[ChatMessage]:
+        """The messages in the window, oldest first; reads the store once.
+
+        A limit lowered since the last write trims here; the store is trimmed at the next add.
+        """
+        return self._run(self._reading())  # type: ignore[no-any-return]
+
+    def add(self, *messages: ChatMessage) -> None:
+        """Add messages in order with one store write, then evict what no longer fits.
+
+        A message without a ``message_id`` is stored with a new one.
+        """
+        if messages:
+            check_messages(messages, "add")
+            self._run(self._adding(messages))
+
+    def set(self, messages: Iterable[ChatMessage]) -> None:
+        """Replace the conversation with ``messages``, under the window's rules."""
+        given = list(messages)
+        check_messages(given, "set")
+        self._run(self._setting(given))
+
+    def clear(self) -> None:
+        """Remove every message of this conversation from the store."""
+        self._run(self._clearing())
+
+    async def amessages(self) -> list[ChatMessage]:
+        """:meth:`messages` for async callers: never blocks the event loop on the store."""
+        return await self._arun(self._reading())  # type: ignore[no-any-return]
+
+    async def aadd(self, *messages: ChatMessage) -> None:
+        """:meth:`add` for async callers."""
+        if messages:
+            check_messages(messages, "add")
+            await self._arun(self._adding(messages))
+
+    async def aset(self, messages: Iterable[ChatMessage]) -> None:
+        """:meth:`set` for async callers."""
+        given = list(messages)
+        check_messages(given, "set")
+        await self._arun(self._setting(given))
+
+    async def aclear(self) -> None:
+        """:meth:`clear` for async callers."""
+        await self._arun(self._clearing())
+
+    # Calibration.
+
+    def _observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+        """Compare the provider's input count for ``messages`` with the memory's estimate.
+
+        The ratio divides the limit from now on; the next add trims the window to it. Best
+        effort: a busy lock or a failing estimator skips the observation.
+        """
+        if not self._calibrate:
+            return
+        reported = usage.input_tokens
+        if type(reported) is not int or reported <= 0:
+            return
+        # Never wait: on an async caller's event loop this runs without awaiting, and a
+        # busy lock only means one observation fewer.
+        if not self._lock.try_acquire():
+            return
+        try:
+            window = self._window
+            if window is None:
+                return
+            known, gone = self._costs, self._gone
+            estimate = 0
+            for m in messages:
+                key = message_key(m)
+                cost = known.get(key)
+                if cost is None:
+                    cost = gone.get(key)
+                    if cost is None:
+                        # A message the memory never held (a parse retry's feedback).
+                        cost = window.cost(m)
+                estimate += cost
+            if estimate <= 0:
+                return
+            self._factor = reported / estimate
+            if self._limit_fn is None:
+                self._fixed_limit = max(1, int(self._base_limit / self._factor))
+            # The window as it is counts as trimmed to the new limit, so that a read shows
+            # what the store holds; the next add evicts what no longer fits, in its write.
+            window.limit = self._read_limit()
+        except Exception:
+            return  # this runs after the turn's commit: nothing here may fail the call
+        finally:
+            self._lock.release()
+
+    # The operations, as steps.
+
+    def _reading(self) -> _Steps:
+        limit = self._read_limit()
+        stored = yield READ, None
+        window = self._window
+        if window is None or window.limit != limit or self._pending or not window.holds(stored):
+            window = self._load(stored, limit)
+        return window.snapshot()
+
+    def _adding(self, messages: Sequence[ChatMessage]) -> _Steps:
+        limit = self._read_limit()
+        window = self._window
+        if window is None or (self._pending and window.limit != limit):
+            # Messages a read left out at another limit may fit this one: read them again.
+            stored = yield READ, None
+            window = self._load(stored, limit)
+        policy = self._policy
+        lead: ChatMessage | None = None
+        if policy is not EVICT:
+            # A copied conversation (add(*other.messages())) brings its lead along.
+            for m in messages:
+                if policy.is_lead(m):
+                    lead = m
+            if lead is not None:
+                messages = [m for m in messages if not policy.is_lead(m)]
+        added, removed = window.add(messages)
+        removed = [*self._pending, *removed]
+        self._pending = []
+        if lead is not None and (window.lead is None or window.lead.message_id != lead.message_id):
+            old = window.set_lead(lead, window.cost(lead))
+            added.append(lead)
+            if old is not None:
+                removed.append(old)
+        evicted, inserted = yield from policy.overflow(window, limit, added)
+        self._gone = window.forget(evicted)
+        if evicted:
+            gone = {id(m) for m in evicted}
+            batch = {id(m) for m in added}
+            added = [m for m in added if id(m) not in gone]
+            removed += [m for m in evicted if id(m) not in batch]
+        if inserted:
+            added = [*added, *inserted]
+        if added or removed:
+            yield WRITE, (added, removed, window.snapshot)
+            self.evicted_messages += len(removed)
+        return None
+
+    def _setting(self, given: list[ChatMessage]) -> _Steps:
+        limit = self._read_limit()
+        seen: set[str] = set()
+        messages: list[ChatMessage] = []
+        for m in given:
+            mid = m.message_id
+            if mid is None or mid in seen:
+                mid = new_message_id()
+                messages.append(m.with_metadata(message_id=mid))
+            else:
+                messages.append(m)
+            seen.add(mid)
+        window = self._new_window()
+        dropped = window.load(messages, self._lead_test())
+        if self._policy.evicts_on_read:
+            window.forget(window.trim(limit))
+        else:
+            window.limit = limit
+        del dropped  # never stored
+        yield REPLACE, window.snapshot()
+        self._window = window
+        self._pending = []
+        self._since = None
+        return None
+
+    def _clearing(self) -> _Steps:
+        yield DELETE, None
+        window = self._window = self._new_window()
+        window.limit = self._read_limit()
+        self._pending = []
+        self._since = None
+        return None
+
+    def _new_window(self) -> Window:
+        return Window(
+            self._count,
+            self._costs,
+            keep_system_first=self._keep_system_first,
+            whole_turns=self._whole_turns,
+        )
+
+    def _lead_test(self) -> Callable[[ChatMessage], bool] | None:
+        policy = self._policy
+        return None if policy is EVICT else policy.is_lead
+
+    def _load(self, stored: Sequence[ChatMessage], limit: int) -> Window:
+        """The window for what the store holds; what it leaves out is removed at the next add."""
+        window = self._new_window()
+        dropped = window.load(stored, self._lead_test())
+        if self._policy.evicts_on_read:
+            trimmed = window.trim(limit)
+            window.forget(trimmed)
+            dropped += trimmed
+        else:
+            window.limit = limit
+        self._window = window
+        self._pending = dropped
+        return window
+
+    def _read_limit(self) -> int:
+        limit_fn = self._limit_fn
+        if limit_fn is None:
+            return self._fixed_limit
+        value = limit_fn(self._id)
+        if type(value) is not int or value < 1:
+            value = check_limit(value, self._limit_name, source=f"{self._limit_name}({self._id!r})")
+        factor = self._factor
+        return value if factor == 1.0 else max(1, int(value / factor))
+
+    # The drivers: they perform the steps' I/O and hold the lock; no rule lives here.
+
+    def _run(self, steps: _Steps) -> Any:
+        lock = self._lock
+        lock.acquire()
+        try:
+            return self._drive(steps)
+        finally:
+            lock.release()
+
+    def _drive(self, steps: _Steps) -> Any:
+        perform = self._perform
+        value: Any = None
+        try:
+            while True:
+                op, argument = steps.send(value)
+                value = perform(op, argument)
+        except StopIteration as stop:
+            return stop.value
+        except BaseException:
+            self._reset()
+            raise
+
+    def _perform(self, op: int, argument: Any) -> Any:
+        ops, store, memory_id = self._ops, self._store, self._id
+        if op == READ:
+            stored, self._since = ops.read(store, memory_id, self._since)
+            return stored
+        if op == WRITE:
+            ops.write(store, memory_id, *argument)
+        elif op == REPLACE:
+            ops.replace(store, memory_id, argument)
+        elif op == DELETE:
+            ops.delete(store, memory_id)
+        else:
+            model, request = argument
+            try:
+                return model.chat(request)
+            except Exception as error:  # handed back to the policy, which decides
+                return error
+        return None
+
+    async def _arun(self, steps: _Steps) -> Any:
+        import asyncio
+
+        lock = self._lock
+        await lock.aacquire()
+        mode = self._ops.mode
+        handed_off = False
+        value: Any = None
+        try:
+            while True:
+                try:
+                    op, argument = steps.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                if op == ASK:
+                    value = await _aask(*argument)
+                elif mode is AsyncMode.DIRECT:
+                    value = self._perform(op, argument)
+                elif mode is AsyncMode.NATIVE:
+                    value = await self._aperform(op, argument)
+                else:
+                    work = asyncio.get_running_loop().run_in_executor(
+                        None, self._perform, op, argument
+                    )
+                    try:
+                        value = await asyncio.shield(work)
+                    except asyncio.CancelledError:
+                        if not work.done():
+                            # The worker thread goes on: the lock is released when it ends.
+                            handed_off = True
+                            work.add_done_callback(lambda _: lock.release())
+                        raise
+        except BaseException:
+            self._reset()
+            raise
+        finally:
+            if not handed_off:
+                lock.release()
+
+    async def _aperform(self, op: int, argument: Any) -> Any:
+        ops, store, memory_id = self._ops, self._store, self._id
+        if op == READ:
+            stored, self._since = await ops.aread(store, memory_id, self._since)
+            return stored
+        if op == WRITE:
+            await ops.awrite(store, memory_id, *argument)
+        elif op == REPLACE:
+            await ops.areplace(store, memory_id, argument)
+        else:
+            await ops.adelete(store, memory_id)
+        return None
+
+    def _reset(self) -> None:
+        # After a failure the store may or may not hold the write: read it again.
+        self._window = None
+        self._pending = []
+        self._since = None
+
+    def __repr__(self) -> str:
+        spec = self._limit_spec
+        limit = spec if not callable(spec) else getattr(spec, "__qualname__", spec)
+        return (
+            f"{type(self).__name__}({self._limit_name}={limit!r}, id={self._id!r}, "
+            f"store={self._store!r})"
+        )
+
+
+async def _aask(model: Any, request: Any) -> Any:
+    import asyncio
+
+    try:
+        achat = getattr(model, "achat", None)
+        if achat is not None:
+            return await achat(request)
+        return await asyncio.to_thread(model.chat, request)
+    except Exception as error:  # handed back to the policy, which decides
+        return error
+
+
+def check_store(store: object) -> ChatMemoryStore:
+    """``store`` if it is a ``ChatMemoryStore`` object, else a ``TypeError`` saying why not."""
+    if isinstance(store, type):
+        raise TypeError(
+            f"store must be a store object, got the class {store.__name__}; "
+            f"pass an instance: store={store.__name__}(...)"
+        )
+    missing = [
+        name
+        for name in ("get_messages", "update_messages", "delete_messages")
+        if not callable(getattr(store, name, None))
+    ]
+    if missing:
+        raise TypeError(
+            f"store must be a ChatMemoryStore; {type(store).__name__} has no "
+            f"{', '.join(missing)} (pass InMemoryChatMemoryStore(), SqliteChatMemoryStore(path)...)"
+        )
+    return store  # type: ignore[return-value]
+
+
+def default_store() -> ChatMemoryStore:
+    """A new ``InMemoryChatMemoryStore``."""
+    from ..stores.in_memory import InMemoryChatMemoryStore
+
+    return InMemoryChatMemoryStore()
+
+
+_M = TypeVar("_M", bound=WindowChatMemory)
+
+
+class WindowChatMemoryProvider(Generic[_M]):
+    """Gives each memory id its own window memory, all on one store."""
+
+    __slots__ = ("_factory", "_options", "store")
+
+    def __init__(
+        self, factory: Callable[[Hashable], _M], store: ChatMemoryStore, options: str
+    ) -> None:
+        self._factory = factory
+        self._options = options
+        self.store = store
+
+    def __call__(self, memory_id: Hashable) -> _M:
+        """A memory for ``memory_id`` on the shared store."""
+        return self._factory(memory_id)
+
+    def __repr__(self) -> str:
+        return f"{self._options}, store={self.store!r})"
+
+    @classmethod
+    def create(
+        cls,
+        memory_class: type[_M],
+        make: Callable[[Hashable, ChatMemoryStore], _M],
+        store: ChatMemoryStore | None,
+        options: str,
+    ) -> WindowChatMemoryProvider[_M]:
+        """A provider whose memories ``make(memory_id, store)`` builds on one shared store."""
+        shared = default_store() if store is None else check_store(store)
+        return cls(
+            lambda memory_id: make(memory_id, shared),
+            shared,
+            f"{memory_class.__name__}.provider({options}",
+        )
