@@ -12,6 +12,7 @@ choice: :class:`Evict` drops them; a summarising memory folds them into its lead
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from operator import is_
 from typing import Any, Protocol, TypeAlias
 
 from ..messages import (
@@ -37,6 +38,7 @@ Limit: TypeAlias = int | Callable[[Any], int]
 """A window's size: a number, or a callable taking the memory id, read at every add and read."""
 
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
+_KINDS = frozenset(_MESSAGE_TYPES)
 
 
 def check_limit(value: object, name: str, *, source: str | None = None) -> int:
@@ -64,6 +66,8 @@ def check_limit(value: object, name: str, *, source: str | None = None) -> int:
 
 def check_messages(messages: Sequence[object], method: str) -> None:
     """Raise ``TypeError`` unless every item is a chat message."""
+    if all(type(m) in _KINDS for m in messages):
+        return
     for i, m in enumerate(messages):
         if not isinstance(m, _MESSAGE_TYPES):
             hint = " (wrap text in UserMessage(...))" if isinstance(m, str) else ""
@@ -155,13 +159,10 @@ class Window:
 
     def holds(self, stored: Sequence[ChatMessage]) -> bool:
         """Whether ``stored`` is this window, message for message (the same objects)."""
-        msgs = self.msgs
-        if self.system is None and self.lead is None:
-            return len(stored) == len(msgs) and all(map(_same, stored, msgs))
-        mine = self.snapshot()
+        mine = self.msgs if self.system is None and self.lead is None else self.snapshot()
         if len(stored) != len(mine):
             return False
-        if all(map(_same, stored, mine)):
+        if all(map(is_, stored, mine)) or all(map(_same, stored, mine)):
             return True
         # A store keeps the system message where it was appended, a window may show it
         # first: the same messages in another order are still this window.
@@ -224,8 +225,8 @@ class Window:
         new_system: SystemMessage | None = None
         batch_open: dict[str, int] = {}
         kept: list[ChatMessage] = []
-        kept_costs: list[int] = []
         batch_ids: set[str] = set()
+        tools = False  # whether the batch holds tool requests or results
         for given in messages:
             m = given
             if isinstance(m, SystemMessage):
@@ -233,14 +234,15 @@ class Window:
                 if current is not None and current == m:
                     continue
                 if new_system is not None:  # replaced within the batch: never stored
-                    at = next(i for i, k in enumerate(kept) if k is new_system)
-                    del kept[at], kept_costs[at]
+                    kept = [k for k in kept if k is not new_system]
             elif isinstance(m, ToolExecutionResultMessage):
                 if not self.opened.get(m.id) and not batch_open.get(m.id):
                     continue
+                tools = True
             elif isinstance(m, AiMessage) and m.tool_execution_requests:
                 for r in m.tool_execution_requests:
                     batch_open[r.id] = batch_open.get(r.id, 0) + 1
+                tools = True
             mid = m.message_id
             if mid is None or mid in known or mid in batch_ids:
                 mid = new_message_id()
@@ -249,42 +251,47 @@ class Window:
                 new_system = m
             batch_ids.add(mid)
             kept.append(m)
-            kept_costs.append(self.cost(m))
+        count = self.count
+        kept_costs = [1] * len(kept) if count is None else [count(m) for m in kept]
 
         # Counted: now change the window.
+        known.update(zip([m.message_id for m in kept], kept_costs))
         displaced: list[ChatMessage] = []
-        msgs, costs = self.msgs, self.costs
+        msgs = self.msgs
         base = len(msgs)
-        opened, answered = self.opened, self.answered
-        at = 0
-        for m, cost in zip(kept, kept_costs, strict=True):
-            known[m.message_id] = cost
-            if m is new_system:
-                if system is not None:
-                    known.pop(message_key(system), None)
-                    displaced.append(system)
-                self.system, self.system_cost = new_system, cost
-                # Where it was added: after the window and the batch's messages before it.
-                self.system_pos = 0 if self.keep_system_first else base + at
-                continue
-            at += 1
-            msgs.append(m)
-            costs.append(cost)
-            self.total += cost
-            if isinstance(m, ToolExecutionResultMessage):
-                answered[m.id] = answered.get(m.id, 0) + 1
-            elif isinstance(m, AiMessage):
-                for r in m.tool_execution_requests:
-                    opened[r.id] = opened.get(r.id, 0) + 1
+        if new_system is None:
+            msgs += kept
+            self.costs += kept_costs
+            self.total += sum(kept_costs)
+        else:
+            at = kept.index(new_system)
+            if system is not None:
+                known.pop(message_key(system), None)
+                displaced.append(system)
+            self.system, self.system_cost = new_system, kept_costs[at]
+            # Where it was added: after the window and the batch's messages before it.
+            self.system_pos = 0 if self.keep_system_first else base + at
+            msgs += kept[:at] + kept[at + 1 :]
+            others = kept_costs[:at] + kept_costs[at + 1 :]
+            self.costs += others
+            self.total += sum(others)
+        if tools:
+            opened, answered = self.opened, self.answered
+            for m in kept:
+                if isinstance(m, ToolExecutionResultMessage):
+                    answered[m.id] = answered.get(m.id, 0) + 1
+                elif isinstance(m, AiMessage):
+                    for r in m.tool_execution_requests:
+                        opened[r.id] = opened.get(r.id, 0) + 1
         return kept, displaced
 
     def forget(self, messages: Sequence[ChatMessage]) -> dict[object, int]:
         """Drop the costs of messages that left the window; return them."""
-        known = self.known
+        pop = self.known.pop
         gone: dict[object, int] = {}
         for m in messages:
-            key = message_key(m)
-            cost = known.pop(key, None)
+            key = m.message_id or m
+            cost = pop(key, None)
             if cost is not None:
                 gone[key] = cost
         return gone
@@ -328,30 +335,17 @@ class Window:
         del msgs[:k]
         self.total -= sum(costs[:k])
         del costs[:k]
-        self.system_pos = max(0, self.system_pos - k)
+        if self.system_pos:
+            self.system_pos = max(0, self.system_pos - k)
         opened, answered = self.opened, self.answered
-        for m in front:
-            if isinstance(m, ToolExecutionResultMessage):
-                _decrement(answered, m.id)
-            elif isinstance(m, AiMessage):
-                for r in m.tool_execution_requests:
-                    _decrement(opened, r.id)
+        if opened or answered:
+            for m in front:
+                if isinstance(m, ToolExecutionResultMessage):
+                    _decrement(answered, m.id)
+                elif isinstance(m, AiMessage):
+                    for r in m.tool_execution_requests:
+                        _decrement(opened, r.id)
         return front
-
-    def unit_end(self, k: int) -> int:
-        """Where the unit starting at ``msgs[k]`` ends (exclusive)."""
-        msgs = self.msgs
-        n = len(msgs)
-        j = k + 1
-        if self.whole_turns:
-            while j < n and not isinstance(msgs[j], UserMessage):
-                j += 1
-        else:
-            first = msgs[k]
-            if isinstance(first, AiMessage) and first.tool_execution_requests:
-                while j < n and isinstance(msgs[j], ToolExecutionResultMessage):
-                    j += 1
-        return j
 
     def _front(self, over: int, limit: int) -> tuple[int, bool]:
         """How many front messages to evict for ``over`` less; and whether that leaves
@@ -359,18 +353,30 @@ class Window:
         is counted again)."""
         msgs, costs = self.msgs, self.costs
         opened, answered = self.opened, self.answered
+        whole_turns = self.whole_turns
         n = len(msgs)
         k = 0
         asks: dict[str, int] = {}  # requests of the units evicted so far
         answers: dict[str, int] = {}  # results evicted so far
         while over > 0 and k < n:
-            j = self.unit_end(k)
+            # The unit starting at k ends before j.
+            j = k + 1
+            first = msgs[k]
+            if whole_turns:
+                while j < n and not isinstance(msgs[j], UserMessage):
+                    j += 1
+            elif isinstance(first, AiMessage) and first.tool_execution_requests:
+                while j < n and isinstance(msgs[j], ToolExecutionResultMessage):
+                    j += 1
             unit = costs[k] if j == k + 1 else sum(costs[k:j])
-            if j == n and unit > limit and (self.whole_turns or max(costs[k:j]) > limit):
+            if j == n and unit > limit and (whole_turns or max(costs[k:j]) > limit):
                 # The newest unit holds a message larger than the window (never split), or
                 # is the newest whole turn: it stays alone.
                 break
             over -= unit
+            if not (opened or answered):
+                k = j
+                continue
             asked: list[str] = []
             for m in msgs[k:j]:
                 if isinstance(m, ToolExecutionResultMessage):
@@ -380,7 +386,7 @@ class Window:
                         asks[r.id] = asks.get(r.id, 0) + 1
                         asked.append(r.id)
             k = j
-            if any(
+            if asked and any(
                 answered.get(r, 0) > answers.get(r, 0) and opened.get(r, 0) <= asks[r]
                 for r in asked
             ):
@@ -423,12 +429,16 @@ def _decrement(counts: dict[str, int], key: str) -> None:
         counts.pop(key, None)
 
 
+_Outcome: TypeAlias = tuple[list[ChatMessage], list[ChatMessage]]
+
+
 class OverflowPolicy(Protocol):
     """What a memory does with the units that no longer fit its window.
 
-    ``overflow`` runs after every add, as a generator: it may yield a ``ChatRequest`` for
-    the memory's ``summarizer``-like model and is sent back the response (or the exception
-    it raised). It returns the messages it removed from the window and those it added.
+    ``overflow`` runs after every add and returns the messages it removed from the window
+    and those it added; or, when it needs a model first (a summary), a generator that
+    yields ``(ASK, (model, request))``, is sent back the response (or the exception the
+    call raised), and returns them.
     """
 
     evicts_on_read: bool
@@ -439,7 +449,7 @@ class OverflowPolicy(Protocol):
 
     def overflow(
         self, window: Window, limit: int, added: Sequence[ChatMessage]
-    ) -> Generator[Any, Any, tuple[list[ChatMessage], list[ChatMessage]]]: ...
+    ) -> _Outcome | Generator[Any, Any, _Outcome]: ...
 
 
 class Evict:
@@ -452,11 +462,12 @@ class Evict:
     def is_lead(self, message: ChatMessage) -> bool:
         return False
 
-    def overflow(
-        self, window: Window, limit: int, added: Sequence[ChatMessage]
-    ) -> Generator[Any, Any, tuple[list[ChatMessage], list[ChatMessage]]]:
+    def overflow(self, window: Window, limit: int, added: Sequence[ChatMessage]) -> _Outcome:
+        if window.size() <= limit:
+            window.limit = limit
+            return _NOTHING
         return window.trim(limit), []
-        yield  # a generator that asks nothing
 
 
+_NOTHING: _Outcome = ([], [])
 EVICT = Evict()

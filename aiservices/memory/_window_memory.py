@@ -119,7 +119,16 @@ class WindowChatMemory:
 
         A limit lowered since the last write trims here; the store is trimmed at the next add.
         """
-        return self._run(self._reading())  # type: ignore[no-any-return]
+        lock = self._lock
+        lock.acquire()
+        try:
+            limit = self._read_limit()
+            return self._settle(self._perform(READ, None), limit)
+        except BaseException:
+            self._reset()
+            raise
+        finally:
+            lock.release()
 
     def add(self, *messages: ChatMessage) -> None:
         """Add messages in order with one store write, then evict what no longer fits.
@@ -210,6 +219,10 @@ class WindowChatMemory:
     def _reading(self) -> _Steps:
         limit = self._read_limit()
         stored = yield READ, None
+        return self._settle(stored, limit)
+
+    def _settle(self, stored: list[ChatMessage], limit: int) -> list[ChatMessage]:
+        """The window for what a read found: the one held when the store holds just it."""
         window = self._window
         if window is None or window.limit != limit or self._pending or not window.holds(stored):
             window = self._load(stored, limit)
@@ -232,22 +245,31 @@ class WindowChatMemory:
             if lead is not None:
                 messages = [m for m in messages if not policy.is_lead(m)]
         added, removed = window.add(messages)
-        removed = [*self._pending, *removed]
-        self._pending = []
+        if self._pending:
+            removed = [*self._pending, *removed]
+            self._pending = []
         if lead is not None and (window.lead is None or window.lead.message_id != lead.message_id):
             old = window.set_lead(lead, window.cost(lead))
             added.append(lead)
             if old is not None:
                 removed.append(old)
-        evicted, inserted = yield from policy.overflow(window, limit, added)
-        self._gone = window.forget(evicted)
+        outcome = policy.overflow(window, limit, added)
+        if type(outcome) is not tuple:
+            outcome = yield from outcome
+        evicted, inserted = outcome
         if evicted:
-            gone = {id(m) for m in evicted}
-            batch = {id(m) for m in added}
-            added = [m for m in added if id(m) not in gone]
-            removed += [m for m in evicted if id(m) not in batch]
+            gone = window.forget(evicted)
+            if self._calibrate:
+                self._gone = gone
+            held = window.known
+            if not all(m.message_id in held for m in added):
+                # Evicted by the add that brought it: never stored.
+                batch = {m.message_id for m in added}
+                added = [m for m in added if m.message_id in held]
+                evicted = [m for m in evicted if m.message_id not in batch]
+            removed += evicted
         if inserted:
-            added = [*added, *inserted]
+            added += inserted
         if added or removed:
             yield WRITE, (added, removed, window.snapshot)
             self.evicted_messages += len(removed)
