@@ -255,7 +255,7 @@ class Window:
         kept_costs = [1] * len(kept) if count is None else [count(m) for m in kept]
 
         # Counted: now change the window.
-        known.update(zip([m.message_id for m in kept], kept_costs))
+        known.update(zip([m.message_id for m in kept], kept_costs, strict=True))
         displaced: list[ChatMessage] = []
         msgs = self.msgs
         base = len(msgs)
