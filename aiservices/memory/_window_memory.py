@@ -253,9 +253,11 @@ class WindowChatMemory:
             added.append(lead)
             if old is not None:
                 removed.append(old)
-        outcome = policy.overflow(window, limit, added)
+        outcome: Any = policy.overflow(window, limit, added)
         if type(outcome) is not tuple:
             outcome = yield from outcome
+        evicted: list[ChatMessage]
+        inserted: list[ChatMessage]
         evicted, inserted = outcome
         if evicted:
             gone = window.forget(evicted)
