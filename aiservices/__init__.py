@@ -7,7 +7,7 @@ database driver (SQLite, Redis, PostgreSQL) needs its driver only once used.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._lazy import lazy_exports
 from .errors import (
@@ -98,7 +98,39 @@ _LAZY = {
 }
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
+_lazy_getattr, __dir__ = lazy_exports(__name__, _LAZY, globals())
+
+# Stores whose driver is an extra: name -> (the extra, the modules it installs).
+_DRIVER_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "RedisChatMemoryStore": ("redis", ("redis",)),
+    "PostgresChatMemoryStore": ("postgres", ("psycopg", "psycopg_pool")),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        return _lazy_getattr(name)
+    except ModuleNotFoundError as exc:
+        needs = _DRIVER_EXTRAS.get(name)
+        missing = (exc.name or "").partition(".")[0]
+        if needs is None or missing not in needs[1]:
+            raise
+        # `from aiservices import *` must work without every extra installed: the name
+        # stays importable, and using it says which extra to install.
+        return _needs_extra(name, needs[0], missing)
+
+
+def _needs_extra(name: str, extra: str, missing: str) -> type:
+    """A stand-in for a store whose driver is not installed: making one says what to do."""
+    message = (
+        f"{name} needs the {missing!r} package, which is not installed: "
+        f'pip install "aiservices[{extra}]"'
+    )
+
+    def __new__(cls: type, *args: object, **kwargs: object) -> NoReturn:
+        raise ModuleNotFoundError(message, name=missing)
+
+    return type(name, (), {"__new__": __new__, "__doc__": message, "__module__": __name__})
 
 
 __all__ = [

@@ -28,6 +28,7 @@ import typing_extensions
 from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 
+from .errors import OutputParseError
 from .messages import AiMessage
 from .models import ResponseFormat
 from .models._strict import is_strict_schema
@@ -40,7 +41,7 @@ _SUPPORTED: Final = (
     "tuple[T, ...], tuple[A, B], dict[str, T], and unions of these such as T | None"
 )
 
-_RETRY_HINT: Final = "Answer again with JSON matching the schema."
+_RETRY_HINT: Final = OutputParseError.retry_instruction
 
 
 class UnsupportedOutputType(TypeError):

@@ -19,6 +19,7 @@ Provider and store errors keep their own types (an ``openai.RateLimitError``, a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 __all__ = [
     "AiServiceError",
@@ -58,8 +59,13 @@ class OutputParseError(AiServiceError, ValueError):
     ``raw_text`` is the last answer the model gave; ``attempts`` how many answers were tried.
     """
 
+    retry_instruction: ClassVar[str] = "Answer again with JSON matching the schema."
+    """What the parser's error text ends with when it is sent back to the model."""
+
     def __init__(self, message: str, *, raw_text: str | None, attempts: int = 1) -> None:
-        super().__init__(message)
+        # Whoever reads this error wants what went wrong, not what the model was told to do
+        # about it: the instruction is left out.
+        super().__init__(message.rstrip().removesuffix(self.retry_instruction).rstrip())
         self.raw_text = raw_text
         self.attempts = attempts
 
