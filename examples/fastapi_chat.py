@@ -24,22 +24,22 @@ Where conversations live, chosen by environment variables: ``CHAT_REDIS_URL``
 machine), and otherwise in this process's memory.
 
 Runs offline on a scripted model by default; set OPENAI_API_KEY (or ANTHROPIC_API_KEY) for
-a real provider. ``python examples/fastapi_chat.py`` sends a few requests through FastAPI's
-test client and prints them; ``uvicorn fastapi_chat:app --app-dir examples`` serves it
-(``pip install fastapi uvicorn``).
+a real provider. Needs FastAPI, and httpx for its test client: ``pip install -e
+".[fastapi]" httpx`` (the ``dev`` extra has both). ``python examples/fastapi_chat.py`` sends
+a few requests through FastAPI's test client and prints them; ``uvicorn fastapi_chat:app
+--app-dir examples`` serves it (``pip install uvicorn``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol
 
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from aiservices import (
@@ -57,8 +57,16 @@ from aiservices import (
     ai_service,
     system_message,
 )
-from aiservices.fastapi import RequestScope, SessionScope, WebSocketScope
 from aiservices.testing import ScriptedChatModel
+
+_NEEDS = 'this example needs FastAPI and httpx: pip install -e ".[fastapi]" httpx'
+try:
+    from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+    from fastapi.responses import StreamingResponse
+
+    from aiservices.fastapi import RequestScope, SessionScope, WebSocketScope
+except ModuleNotFoundError as missing:
+    sys.exit(f"{_NEEDS} ({missing})")
 
 
 @system_message("You are the help desk of a bicycle shop. Answer in one or two sentences.")
@@ -203,7 +211,10 @@ async def chat_socket(websocket: WebSocket, scope: WebSocketScope) -> None:
 
 def main() -> None:
     """A few requests through FastAPI's test client, printed."""
-    from fastapi.testclient import TestClient
+    try:
+        from fastapi.testclient import TestClient
+    except ModuleNotFoundError as missing:  # the test client runs on httpx
+        sys.exit(f"{_NEEDS} ({missing})")
 
     def show(method: str, path: str, body: object, status: int, reply: object) -> None:
         sent = f" {json.dumps(body)}" if body is not None else ""

@@ -36,3 +36,17 @@ def test_tool_agent_runs_both_tools() -> None:
     assert [e.request.name for e in result.tool_executions] == ["order_status", "calculate"]
     assert result.tool_executions[0].result == "shipped on Monday"
     assert float(result.tool_executions[1].result) == pytest.approx(59.97)
+
+
+def test_the_fastapi_example_says_what_to_install_without_fastapi() -> None:
+    # None in sys.modules makes `import fastapi` fail as it does where it is not installed.
+    code = (
+        "import runpy, sys; sys.modules['fastapi'] = None\n"
+        f"runpy.run_path({str(EXAMPLES[0].parent / 'fastapi_chat.py')!r}, run_name='__main__')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert 'this example needs FastAPI and httpx: pip install -e ".[fastapi]" httpx' in done.stderr
