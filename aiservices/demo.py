@@ -232,7 +232,9 @@ def _pick_model(provider: str, model: str | None) -> tuple[ChatModel, str, str |
                     return (*_provider_model(name, model), None)
                 except _Unavailable as problem:
                     # The README's first command must run for everyone, key or no key.
-                    return _offline(f"{key} is set, but {problem} Using the offline model.")
+                    return _offline(
+                        f"{key} is set, but {problem}\nMeanwhile the offline model answers."
+                    )
         keys = " or ".join(key for key, _ in _PROVIDERS.values())
         return _offline(None, f" (no {keys} set)")
     if provider == "offline":
@@ -257,8 +259,8 @@ def _provider_model(provider: str, model: str | None) -> tuple[ChatModel, str]:
         if exc.name != provider:
             raise
         raise _Unavailable(
-            f"the {provider!r} package is not installed: "
-            f'`pip install -e ".[{provider}]"` in the clone installs it.'
+            f"the {provider!r} package is not installed.\nIn the clone, install it with\n"
+            f'    pip install -e ".[{provider}]"'
         ) from None
     except ValueError as exc:  # no key, a bad model name
         raise _Unavailable(str(exc)) from None

@@ -164,7 +164,8 @@ def test_a_key_without_its_sdk_falls_back_to_the_offline_model(tmp_path: Path) -
     assert "Traceback" not in done.stderr
     out = " ".join(done.stdout.split())
     assert "OPENAI_API_KEY is set, but the 'openai' package is not installed" in out
-    assert 'pip install -e ".[openai]"' in out
+    assert '\n    pip install -e ".[openai]"\n' in done.stdout
+    assert "the offline model answers" in out
     assert "OFFLINE" in out
 
 
@@ -175,7 +176,7 @@ def test_a_provider_asked_for_without_its_sdk_is_a_clear_error(tmp_path: Path) -
     assert "Traceback" not in done.stderr
     out = " ".join(done.stdout.split())
     assert "error: the 'anthropic' package is not installed" in out
-    assert 'pip install -e ".[anthropic]"' in out
+    assert '\n    pip install -e ".[anthropic]"\n' in done.stdout
 
 
 def test_provider_offline_ignores_a_key(tmp_path: Path) -> None:
