@@ -151,7 +151,7 @@ def _resolve(store: object, blocking: bool) -> StoreOps:
     def has(name: str) -> bool:
         return callable(getattr(store, name, None))
 
-    since = has("get_messages_since")
+    since = has("get_messages_since") and not _reads_elsewhere(type(store))
     apply = has("apply_changes")
     if not blocking:
         mode = AsyncMode.DIRECT
@@ -163,3 +163,13 @@ def _resolve(store: object, blocking: bool) -> StoreOps:
             needed.append("aget_messages_since")
         mode = AsyncMode.NATIVE if all(map(has, needed)) else AsyncMode.THREAD
     return StoreOps(since=since, apply=apply, mode=mode)
+
+
+def _reads_elsewhere(kind: type) -> bool:
+    """Whether a subclass overrides the plain reads of the class that reads since a mark:
+    its reads then keep going through its own methods."""
+    owner = next(c for c in kind.__mro__ if "get_messages_since" in c.__dict__)
+    return any(
+        getattr(kind, name, None) is not getattr(owner, name, None)
+        for name in ("get_messages", "aget_messages")
+    )

@@ -24,6 +24,7 @@ __all__ = [
     "HistoryEntry",
     "MessageCache",
     "StoreSchemaError",
+    "WindowRead",
     "appended_ids",
     "check_appended",
     "check_retention",
@@ -31,6 +32,7 @@ __all__ = [
     "duplicate_id_error",
     "parse_messages",
     "purge_interval",
+    "window_since",
     "with_message_ids",
 ]
 
@@ -243,3 +245,57 @@ def parse_messages(
         except ValueError as exc:
             raise corrupt(at, str(exc)) from None
     return result
+
+
+class WindowRead:
+    """What a store's read of a window keeps for the next read of the same conversation.
+
+    ``after`` is the highest sequence number read; ``marks`` tell the rows apart (message
+    ids, or sequence numbers where those are never reused) in step with ``messages``.
+    """
+
+    __slots__ = ("after", "marks", "messages")
+
+    def __init__(self, after: int, marks: list[object], messages: list[ChatMessage]) -> None:
+        self.after = after
+        self.marks = marks
+        self.messages = messages
+
+
+def window_since(
+    rows: Sequence[tuple[int, object, object]],
+    since: object,
+    parse: Callable[[list[int]], list[ChatMessage]],
+) -> tuple[list[ChatMessage], WindowRead] | None:
+    """The window from ``rows`` of ``(seq, mark, text)``, oldest first, reusing ``since``.
+
+    A row's text is ``None`` at or below ``since.after``: its message is the one ``since``
+    holds under the same mark. ``parse(indexes)`` parses the texts of those rows that have
+    one. ``None`` when a row below the mark is not held (another writer numbered it lower):
+    the caller reads the window whole.
+    """
+    held = since if isinstance(since, WindowRead) else None
+    marks = [row[1] for row in rows]
+    floor = -1 if held is None else held.after
+    if not rows:
+        return [], WindowRead(floor, marks, [])
+    last = rows[-1][0]
+    if held is not None and last <= floor and marks == held.marks:
+        return held.messages.copy(), held
+    by_mark = {} if held is None else dict(zip(held.marks, held.messages, strict=True))
+    out: list[ChatMessage | None] = []
+    todo: list[int] = []
+    for i, (_, mark, text) in enumerate(rows):
+        if text is None:
+            message = by_mark.get(mark)
+            if message is None:
+                return None
+            out.append(message)
+        else:
+            todo.append(i)
+            out.append(None)
+    if todo:
+        for i, message in zip(todo, parse(todo), strict=True):
+            out[i] = message
+    messages: list[ChatMessage] = out  # type: ignore[assignment]
+    return messages.copy(), WindowRead(max(last, floor), marks, messages)

@@ -39,7 +39,15 @@ import logging
 import select
 import threading
 import time
-from collections.abc import AsyncIterator, Collection, Generator, Hashable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Generator,
+    Hashable,
+    Iterator,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -58,11 +66,13 @@ from ._common import (
     HistoryEntry,
     MessageCache,
     StoreSchemaError,
+    WindowRead,
     appended_ids,
     check_retention,
     check_unique_ids,
     duplicate_id_error,
     purge_interval,
+    window_since,
     with_message_ids,
 )
 
@@ -235,6 +245,22 @@ class PostgresChatMemoryStore:
         rows = self._run(self._read_op(memory_id), transaction=False)
         return self._parse(memory_id, rows) if rows else []
 
+    def get_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """The window, and what to pass as ``since`` to the next read of it.
+
+        Messages an earlier read returned (``since`` is what it returned beside them) are
+        reused rather than parsed again: only rows newer than that read are fetched whole.
+        """
+        rows = self._run(self._since_op(memory_id, since), transaction=False)
+        read = window_since(rows, since, self._parser(memory_id, rows))
+        if read is None:
+            rows = self._run(self._since_op(memory_id, None), transaction=False)
+            read = window_since(rows, None, self._parser(memory_id, rows))
+            assert read is not None  # every row has its text
+        return read
+
     def apply_changes(
         self,
         memory_id: Hashable,
@@ -338,6 +364,18 @@ class PostgresChatMemoryStore:
         rows = await self._arun(self._read_op(memory_id), transaction=False)
         return self._parse(memory_id, rows) if rows else []
 
+    async def aget_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """:meth:`get_messages_since` for async callers."""
+        rows = await self._arun(self._since_op(memory_id, since), transaction=False)
+        read = window_since(rows, since, self._parser(memory_id, rows))
+        if read is None:
+            rows = await self._arun(self._since_op(memory_id, None), transaction=False)
+            read = window_since(rows, None, self._parser(memory_id, rows))
+            assert read is not None  # every row has its text
+        return read
+
     async def aapply_changes(
         self,
         memory_id: Hashable,
@@ -380,6 +418,10 @@ class PostgresChatMemoryStore:
     def _read_op(self, memory_id: Hashable) -> _Op:
         key = store_key(memory_id)
         return (yield _Query(self._sql.read, (key,), fetch=True))
+
+    def _since_op(self, memory_id: Hashable, since: object) -> _Op:
+        after = since.after if isinstance(since, WindowRead) else -1
+        return (yield _Query(self._sql.read_since, (after, store_key(memory_id)), fetch=True))
 
     def _history_op(self, memory_id: Hashable) -> _Op:
         key = store_key(memory_id)
@@ -571,6 +613,13 @@ class PostgresChatMemoryStore:
         await self.aclose()
 
     # -- results -------------------------------------------------------------------------
+
+    def _parser(self, memory_id: Hashable, rows: _Rows) -> Callable[[list[int]], list[ChatMessage]]:
+        # rows: (seq, message_id, message)
+        def parse(indexes: list[int]) -> list[ChatMessage]:
+            return self._parse(memory_id, [(rows[i][0], rows[i][2]) for i in indexes])
+
+        return parse
 
     def _parse(self, memory_id: Hashable, rows: _Rows) -> list[ChatMessage]:
         # rows: (seq, message, ...)
@@ -817,6 +866,11 @@ class _Statements:
             )
         )
         self.read = render("SELECT seq, message FROM {table} WHERE memory_key = %s ORDER BY seq")
+        # Rows at or below the first parameter were read before: their text is not sent.
+        self.read_since = render(
+            "SELECT seq, message_id, CASE WHEN seq > %s THEN message END FROM {table} "
+            "WHERE memory_key = %s ORDER BY seq"
+        )
         self.read_window = render(
             "SELECT message_id, message FROM {table} WHERE memory_key = %s ORDER BY seq"
         )

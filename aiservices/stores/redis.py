@@ -26,7 +26,7 @@ import asyncio
 import base64
 import hashlib
 import secrets
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
@@ -45,10 +45,12 @@ from ._common import (
     CorruptMessageError,
     HistoryEntry,
     MessageCache,
+    WindowRead,
     appended_ids,
     check_retention,
     check_unique_ids,
     duplicate_id_error,
+    window_since,
     with_message_ids,
 )
 
@@ -87,6 +89,12 @@ local function remove(seq)
 end
 local function append(pairs_from, token)
   local count = (#ARGV - pairs_from + 1) / 2
+  if redis.call('EXISTS', n) == 0 then
+    -- Numbering starts from the clock (milliseconds): a conversation emptied and begun
+    -- again never reuses a number that a reader may still hold for another message.
+    local t = redis.call('TIME')
+    redis.call('SET', n, t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+  end
   local seq = redis.call('INCRBY', n, count) - count
   for k = pairs_from, #ARGV, 2 do
     seq = seq + 1
@@ -105,6 +113,18 @@ local function finish(ttl)
     for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
   end
 end
+"""
+
+# ARGV: the highest sequence number the reader holds. Returns the window's sequence numbers
+# and the texts of the messages numbered higher (always the last ones: numbers only grow).
+_SINCE = """
+local after = tonumber(ARGV[1])
+local seqs = redis.call('LRANGE', s, 0, -1)
+local first = #seqs + 1
+while first > 1 and tonumber(seqs[first - 1]) > after do first = first - 1 end
+local texts = {}
+if first <= #seqs then texts = redis.call('LRANGE', w, first - 1, -1) end
+return {seqs, texts}
 """
 
 # ARGV: keep_history (0/1), ttl in ms (0: none), token, the number of removed ids, the
@@ -212,6 +232,7 @@ class _Script:
 _APPLY_SCRIPT = _Script.of(_APPLY)
 _UPDATE_SCRIPT = _Script.of(_UPDATE)
 _DELETE_SCRIPT = _Script.of(_DELETE)
+_SINCE_SCRIPT = _Script.of(_SINCE)
 
 _Keys = tuple[str, str, str, str, str]
 
@@ -333,9 +354,7 @@ class RedisChatMemoryStore:
             tags.setdefault(tag, None)
         for tag in tags:
             padded = "" if tag == "=" else tag + "=" * (-len(tag) % 4)
-            yield memory_id_of(
-                base64.urlsafe_b64decode(padded).decode("utf-8", "surrogatepass")
-            )
+            yield memory_id_of(base64.urlsafe_b64decode(padded).decode("utf-8", "surrogatepass"))
 
     # -- the store protocol --------------------------------------------------------------
 
@@ -343,6 +362,23 @@ class RedisChatMemoryStore:
         """The messages in the window, oldest first; ``[]`` for an unknown id."""
         w = self.keys(memory_id)[0]
         return self._parse(memory_id, w, self._client.lrange(w, 0, -1))
+
+    def get_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """The window, and what to pass as ``since`` to the next read of it.
+
+        Messages an earlier read returned (``since`` is what it returned beside them) are
+        reused rather than parsed again: only those numbered after it are fetched whole.
+        """
+        keys = self.keys(memory_id)
+        raw = _run(self._client, _SINCE_SCRIPT, keys, (_after(since),))
+        read = window_since(*self._since_rows(memory_id, keys[0], raw, since))
+        if read is None:
+            raw = _run(self._client, _SINCE_SCRIPT, keys, (-1,))
+            read = window_since(*self._since_rows(memory_id, keys[0], raw, None))
+            assert read is not None  # every row has its text
+        return read
 
     def apply_changes(
         self,
@@ -403,6 +439,22 @@ class RedisChatMemoryStore:
             return await asyncio.to_thread(self.get_messages, memory_id)
         w = self.keys(memory_id)[0]
         return self._parse(memory_id, w, await client.lrange(w, 0, -1))
+
+    async def aget_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """:meth:`get_messages_since` for async callers."""
+        client = self._aclient()
+        if client is None:
+            return await asyncio.to_thread(self.get_messages_since, memory_id, since)
+        keys = self.keys(memory_id)
+        raw = await _arun(client, _SINCE_SCRIPT, keys, (_after(since),))
+        read = window_since(*self._since_rows(memory_id, keys[0], raw, since))
+        if read is None:
+            raw = await _arun(client, _SINCE_SCRIPT, keys, (-1,))
+            read = window_since(*self._since_rows(memory_id, keys[0], raw, None))
+            assert read is not None  # every row has its text
+        return read
 
     async def aapply_changes(
         self,
@@ -544,6 +596,28 @@ class RedisChatMemoryStore:
             args += (m.message_id, text)
         return self.keys(memory_id), args, new, texts
 
+    def _since_rows(
+        self, memory_id: Hashable, w: str, raw: Any, since: object
+    ) -> tuple[list[tuple[int, object, object]], object, Callable[[list[int]], list[ChatMessage]]]:
+        """The arguments of ``window_since`` for what ``_SINCE`` returned."""
+        seqs, texts = raw
+        first = len(seqs) - len(texts)
+        rows: list[tuple[int, object, object]] = []
+        for pos, seq in enumerate(seqs):
+            number = _number(memory_id, _text(seq), f"{w[:-1]}s", pos)
+            rows.append((number, number, texts[pos - first] if pos >= first else None))
+
+        def parse(indexes: list[int]) -> list[ChatMessage]:
+            picked = [rows[i][2] for i in indexes]
+            decoded = [t.decode() if type(t) is bytes else t for t in picked]
+
+            def corrupt(i: int, reason: str) -> Exception:
+                return _corrupt(memory_id, w, indexes[i], reason)
+
+            return self._cache.parse(decoded, corrupt)
+
+        return rows, since, parse
+
     def _parse(self, memory_id: Hashable, w: str, raw: list[Any]) -> list[ChatMessage]:
         if not raw:
             return []
@@ -585,6 +659,10 @@ class RedisChatMemoryStore:
 
         messages = self._cache.parse([row[1] for row in rows], corrupt)
         return [HistoryEntry(m, row[2]) for m, row in zip(messages, rows, strict=True)]
+
+
+def _after(since: object) -> int:
+    return since.after if isinstance(since, WindowRead) else -1
 
 
 def _ttl_ms(ttl: float | timedelta) -> int:

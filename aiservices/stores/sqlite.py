@@ -39,7 +39,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar, Final, Literal, Self
 
@@ -50,11 +50,13 @@ from ._common import (
     HistoryEntry,
     MessageCache,
     StoreSchemaError,
+    WindowRead,
     appended_ids,
     check_retention,
     check_unique_ids,
     duplicate_id_error,
     purge_interval,
+    window_since,
     with_message_ids,
 )
 
@@ -290,6 +292,26 @@ class SqliteChatMemoryStore:
         rows = self._connection().execute(self._sql.read, (key,)).fetchall()
         return self._parse(memory_id, rows) if rows else []
 
+    def get_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """The window, and what to pass as ``since`` to the next read of it.
+
+        Messages an earlier read returned (``since`` is what it returned beside them) are
+        reused rather than parsed again: only rows newer than that read are fetched whole.
+        """
+        key = store_key(memory_id)
+        conn = self._connection()
+        statement = self._sql.read_since
+        after = since.after if isinstance(since, WindowRead) else -1
+        rows = conn.execute(statement, (key, after)).fetchall()
+        read = window_since(rows, since, self._parser(memory_id, rows))
+        if read is None:
+            rows = conn.execute(statement, (key, -1)).fetchall()
+            read = window_since(rows, None, self._parser(memory_id, rows))
+            assert read is not None  # every row has its text
+        return read
+
     def apply_changes(
         self,
         memory_id: Hashable,
@@ -304,10 +326,13 @@ class SqliteChatMemoryStore:
         conn = self._connection()
         with self._shared.write_lock, conn:
             conn.execute("BEGIN IMMEDIATE")
+            # Numbered after the rows removed too: a number is never given twice while the
+            # conversation has rows, so a reader's mark never meets another message.
+            (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
             if removed:
                 self._evict(conn, key, list(removed))
             if appended:
-                self._append(conn, memory_id, key, appended, None)
+                self._append(conn, memory_id, key, appended, None, last=last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
@@ -326,6 +351,7 @@ class SqliteChatMemoryStore:
         conn = self._connection()
         with self._shared.write_lock, conn:
             conn.execute("BEGIN IMMEDIATE")
+            (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
             kept: list[str] = []
             removed: list[str] = []
             for mid, text in conn.execute(self._sql.read_window, (key,)):
@@ -339,7 +365,7 @@ class SqliteChatMemoryStore:
                 conn.executemany(self._sql.delete_one, [(key, mid) for mid in kept])
                 start = 0
             if start < len(new):
-                self._append(conn, memory_id, key, new[start:], texts[start:])
+                self._append(conn, memory_id, key, new[start:], texts[start:], last=last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
@@ -436,6 +462,15 @@ class SqliteChatMemoryStore:
             # interval retries, and must not make the caller believe its write failed.
             _log.warning("%r: purging idle conversations failed: %s", self, error)
 
+    def _parser(
+        self, memory_id: Hashable, rows: Sequence[tuple[object, ...]]
+    ) -> Callable[[list[int]], list[ChatMessage]]:
+        # rows: (seq, message_id, message)
+        def parse(indexes: list[int]) -> list[ChatMessage]:
+            return self._parse(memory_id, [(rows[i][0], rows[i][2]) for i in indexes])
+
+        return parse
+
     def _parse(self, memory_id: Hashable, rows: Sequence[tuple[object, ...]]) -> list[ChatMessage]:
         # rows: (seq, message, ...)
         def corrupt(i: int, reason: str) -> Exception:
@@ -459,9 +494,10 @@ class SqliteChatMemoryStore:
         key: str,
         messages: Sequence[ChatMessage],
         texts: Sequence[str] | None,
+        *,
+        last: int,
     ) -> None:
         sql = self._sql
-        (last,) = conn.execute(sql.last_seq, (key,)).fetchone()
         stored_at = time.time()
         if texts is None:
             texts = [message_to_json(m) for m in messages]
@@ -506,6 +542,7 @@ class _Statements:
         "read",
         "read_history",
         "read_ids_only",
+        "read_since",
         "read_window",
         "schema",
     )
@@ -534,6 +571,11 @@ class _Statements:
             f"SELECT message_id, message FROM {table} WHERE memory_key = ? ORDER BY seq"
         )
         self.read_ids_only = f"SELECT message_id FROM {table} WHERE memory_key = ?"
+        # Rows at or below ?2 were read before: their text is not fetched again.
+        self.read_since = (
+            f"SELECT seq, message_id, CASE WHEN seq > ?2 THEN message END FROM {table} "
+            "WHERE memory_key = ?1 ORDER BY seq"
+        )
         self.read_history = (
             f"SELECT seq, message, evicted_at FROM {history} WHERE memory_key = ? "
             f"UNION ALL SELECT seq, message, NULL FROM {table} WHERE memory_key = ? "

@@ -1,0 +1,110 @@
+"""Reads that reuse what a memory holds: only rows newer than its last read are parsed.
+
+Runs on every persistent store that reads since a mark (SQLite, Redis, PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from aiservices import MessageWindowChatMemory
+from aiservices.messages import AiMessage, UserMessage
+
+from ._messages import texts, user
+from .conftest import OpenedBackend
+
+
+@pytest.fixture
+def backend(persistent_backend: OpenedBackend) -> OpenedBackend:
+    return persistent_backend
+
+
+def _reads_since(store: Any) -> None:
+    if not callable(getattr(store, "get_messages_since", None)):
+        pytest.skip(f"{type(store).__name__} has no get_messages_since")
+
+
+def test_an_unchanged_window_comes_back_as_the_same_objects(backend: OpenedBackend) -> None:
+    store = backend.open()
+    _reads_since(store)
+    store.update_messages("c", [user("a"), user("b")])
+    first, since = store.get_messages_since("c")
+    again, since = store.get_messages_since("c", since)
+    assert texts(again) == ["a", "b"]
+    assert all(x is y for x, y in zip(first, again, strict=True))
+
+
+def test_new_rows_are_parsed_and_held_ones_reused(backend: OpenedBackend) -> None:
+    store, other = backend.open(), backend.open()
+    _reads_since(store)
+    store.update_messages("c", [user("a"), user("b")])
+    first, since = store.get_messages_since("c")
+    other.apply_changes("c", appended=[user("c")], removed=[first[0].message_id])
+    now, since = store.get_messages_since("c", since)
+    assert texts(now) == ["b", "c"]
+    assert now[0] is first[1]
+    again, _ = store.get_messages_since("c", since)
+    assert again[1] is now[1]
+
+
+def test_a_conversation_emptied_and_begun_again_is_read_afresh(backend: OpenedBackend) -> None:
+    # The same number of messages again, numbered from the start: a read that trusted the
+    # numbers alone would show the old messages.
+    store, other = backend.open(), backend.open()
+    _reads_since(store)
+    store.update_messages("c", [user("old 1"), user("old 2")])
+    _, since = store.get_messages_since("c")
+    other.delete_messages("c")
+    time.sleep(0.005)
+    other.update_messages("c", [user("new 1"), user("new 2")])
+    now, _ = store.get_messages_since("c", since)
+    assert texts(now) == ["new 1", "new 2"]
+
+
+def test_a_window_renumbered_by_another_writer_is_read_right(backend: OpenedBackend) -> None:
+    store, other = backend.open(), backend.open()
+    _reads_since(store)
+    a, b = user("a"), user("b")
+    store.update_messages("c", [a, b])
+    _, since = store.get_messages_since("c")
+    changed = UserMessage("b, edited", message_id=b.message_id)
+    other.update_messages("c", [changed, a])  # new order: written again
+    now, _ = store.get_messages_since("c", since)
+    assert texts(now) == ["b, edited", "a"]
+    assert [m.message_id for m in now] == [b.message_id, a.message_id]
+
+
+def test_a_memory_sees_another_writers_turn(backend: OpenedBackend) -> None:
+    mine = MessageWindowChatMemory(10, id="c", store=backend.open())
+    theirs = MessageWindowChatMemory(10, id="c", store=backend.open())
+    mine.add(UserMessage("q1"), AiMessage("a1"))
+    assert texts(mine.messages()) == ["q1", "a1"]
+    theirs.add(UserMessage("q2"), AiMessage("a2"))
+    assert texts(mine.messages()) == ["q1", "a1", "q2", "a2"]
+    mine.add(UserMessage("q3"), AiMessage("a3"))
+    assert texts(theirs.messages()) == ["q1", "a1", "q2", "a2", "q3", "a3"]
+    assert texts(mine.messages()) == texts(theirs.messages())
+
+
+def test_async_reads_since_match_the_sync_ones(backend: OpenedBackend) -> None:
+    store = backend.open()
+    if not callable(getattr(store, "aget_messages_since", None)):
+        pytest.skip(f"{type(store).__name__} has no aget_messages_since")
+    store.update_messages("c", [user("a"), user("b")])
+
+    async def read() -> tuple[list[Any], list[Any]]:
+        first, since = await store.aget_messages_since("c")
+        store.apply_changes("c", appended=[user("c")], removed=[])
+        again, _ = await store.aget_messages_since("c", since)
+        close = getattr(store, "aclose", None)
+        if close is not None:
+            await close()
+        return first, again
+
+    first, again = asyncio.run(read())
+    assert texts(again) == ["a", "b", "c"]
+    assert again[0] is first[0]
