@@ -6,13 +6,14 @@ import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from ..errors import AiServiceError
 from ..messages import (
     FORMAT_VERSION,
     ChatMessage,
     message_from_json,
+    message_to_json,
     messages_from_json,
     new_message_id,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "HistoryEntry",
     "MessageCache",
     "StoreSchemaError",
+    "UpdatePlan",
     "WindowRead",
     "appended_ids",
     "check_appended",
@@ -31,6 +33,7 @@ __all__ = [
     "check_unique_ids",
     "duplicate_id_error",
     "parse_messages",
+    "plan_update",
     "purge_interval",
     "window_since",
     "with_message_ids",
@@ -299,3 +302,50 @@ def window_since(
             out[i] = message
     messages: list[ChatMessage] = out  # type: ignore[assignment]
     return messages.copy(), WindowRead(max(last, floor), marks, messages)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePlan:
+    """What ``update_messages`` changes in a stored window to make it the wanted one.
+
+    ``removed`` leave the window (to history, where kept); ``changed`` are stored under an
+    id wanted with another text (the stored text goes to history); the stored messages
+    wanted unchanged stay where they are when they lead the wanted ones in order
+    (``rewrite`` false), else every wanted message is written again in the wanted order
+    (``rewrite`` true; a staying message goes to history neither way). ``fresh`` is where
+    the wanted messages to write begin: after the staying ones, or 0 with ``rewrite``.
+    """
+
+    removed: list[str]
+    changed: list[str]
+    staying: list[str]
+    rewrite: bool
+    fresh: int
+
+
+def plan_update(stored: Sequence[tuple[Any, Any]], wanted: Sequence[tuple[Any, Any]]) -> UpdatePlan:
+    """Plan an update from the stored ``(message_id, text)`` rows to the wanted ones."""
+    want = dict(wanted)
+    removed: list[str] = []
+    changed: list[str] = []
+    staying: list[str] = []
+    for mid, text in stored:
+        if mid not in want:
+            removed.append(mid)
+        elif want[mid] != text and not _same_message(text, want[mid]):
+            changed.append(mid)
+        else:
+            staying.append(mid)
+    lead = [mid for mid, _ in wanted[: len(staying)]] == staying
+    return UpdatePlan(removed, changed, staying, not lead, len(staying) if lead else 0)
+
+
+def _same_message(stored: object, wanted: object) -> bool:
+    """Whether a stored text holds the wanted message in another form (written by an
+    earlier version that ordered its keys otherwise)."""
+    if not isinstance(stored, str):
+        return False
+    try:
+        return message_to_json(message_from_json(stored)) == wanted
+    except ValueError:
+        return False

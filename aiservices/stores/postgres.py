@@ -71,6 +71,7 @@ from ._common import (
     check_retention,
     check_unique_ids,
     duplicate_id_error,
+    plan_update,
     purge_interval,
     window_since,
     with_message_ids,
@@ -458,26 +459,23 @@ class PostgresChatMemoryStore:
         key = store_key(memory_id)
         s = self._sql
         history = self.keep_history
+        wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
 
         def op() -> _Op:
             yield _Query(s.allocate, (key, 0))  # the lock, creating the conversation's row
             stored: _Rows = yield _Query(s.read_window, (key,), fetch=True)
-            by_id = {m.message_id: text for m, text in zip(new, texts, strict=True)}
-            dropped = [mid for mid, _ in stored if mid not in by_id]
-            changed = [mid for mid, text in stored if mid in by_id and by_id[mid] != text]
-            staying = [mid for mid, _ in stored if mid in by_id]
-            if dropped:
-                yield _Query(s.evict if history else s.delete_ids, (key, dropped))
-            if changed and history:
-                yield _Query(s.copy_to_history, (key, changed))
-            # Unless the messages that stay lead, in their order, unchanged, every wanted
-            # message gets a new sequence number. Rows are renumbered and edited in place,
-            # never deleted and inserted again: a writer removing one by its id meanwhile
-            # finds it (it waits for this transaction, then deletes what it committed).
-            renumber = bool(changed) or [m.message_id for m in new[: len(staying)]] != staying
-            fresh = new if renumber else new[len(staying) :]
+            plan = plan_update(stored, wanted)
+            if plan.removed:
+                yield _Query(s.evict if history else s.delete_ids, (key, plan.removed))
+            if plan.changed and history:
+                yield _Query(s.copy_to_history, (key, plan.changed))
+            # Rows are renumbered and edited in place, never deleted and inserted again: a
+            # writer removing one by its id meanwhile finds it (it waits for this
+            # transaction, then deletes what it committed).
+            fresh = new[plan.fresh :]
             if not fresh:
                 return
+            staying = [*plan.staying, *plan.changed]
             ((last,),) = yield _Query(s.allocate_returning, (key, len(fresh)), fetch=True)
             seqs = list(range(last - len(fresh) + 1, last + 1))
             stored_ids = set(staying)

@@ -50,6 +50,7 @@ from ._common import (
     check_retention,
     check_unique_ids,
     duplicate_id_error,
+    plan_update,
     window_since,
     with_message_ids,
 )
@@ -160,46 +161,29 @@ finish(ttl)
 return 'ok'
 """
 
-# ARGV: keep_history, ttl, token, then id, message, ... of the whole window wanted. Stored
-# messages whose id and text are wanted stay; the others leave (to history with
-# keep_history); the rest is appended. If the messages staying are not the first ones
-# wanted, in order, the window is written again, numbered anew.
-_UPDATE = """
+# Returns the window's texts, their sequence numbers and the id index, read together: what
+# update_messages plans from.
+_WINDOW = """
+return {redis.call('LRANGE', w, 0, -1), redis.call('LRANGE', s, 0, -1),
+        redis.call('HGETALL', x)}
+"""
+
+# ARGV: keep_history, ttl, token, the window's sequence numbers as read (comma-separated),
+# rewrite (0/1), the number of leaving messages, then sequence number, id ('' if none) of
+# each, then id, message, ... of those to append. Carries out update_messages' plan, or
+# returns 'changed' (changing nothing) if the window is no longer the one it was planned on.
+_EXECUTE = """
 local keep, ttl, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[3]
-local order, want = {}, {}
-for k = 4, #ARGV, 2 do
-  order[#order + 1] = ARGV[k]
-  want[ARGV[k]] = ARGV[k + 1]
+if table.concat(redis.call('LRANGE', s, 0, -1), ',') ~= ARGV[4] then return 'changed' end
+local last = 6 + 2 * tonumber(ARGV[6])
+for k = 7, last, 2 do
+  local seq, id = ARGV[k], ARGV[k + 1]
+  local text = remove(seq)
+  if keep and text then to_history(seq, text) end
+  if id ~= '' then redis.call('HDEL', x, id) end
 end
-local id_of = {}
-local index = redis.call('HGETALL', x)
-for k = 1, #index, 2 do id_of[string.match(index[k + 1], '^%S+')] = index[k] end
-local texts = redis.call('LRANGE', w, 0, -1)
-local seqs = redis.call('LRANGE', s, 0, -1)
-local staying, leaving = {}, {}
-for k = 1, #texts do
-  local id = id_of[seqs[k]]
-  if id and want[id] == texts[k] then
-    staying[#staying + 1] = id
-  else
-    leaving[#leaving + 1] = {seqs[k] or '?', texts[k], id}
-  end
-end
-local lead = true
-for k = 1, #staying do
-  if order[k] ~= staying[k] then lead = false break end
-end
-for _, m in ipairs(leaving) do
-  if keep then to_history(m[1], m[2]) end
-  if lead then remove(m[1]) end
-  if m[3] then redis.call('HDEL', x, m[3]) end
-end
-local first = #staying + 1
-if not lead then
-  redis.call('DEL', w, s, x)
-  first = 1
-end
-if first <= #order then append(4 + 2 * (first - 1), token) end
+if ARGV[5] == '1' then redis.call('DEL', w, s, x) end
+if #ARGV > last then append(last + 1, token) end
 finish(ttl)
 return 'ok'
 """
@@ -230,7 +214,8 @@ class _Script:
 
 
 _APPLY_SCRIPT = _Script.of(_APPLY)
-_UPDATE_SCRIPT = _Script.of(_UPDATE)
+_WINDOW_SCRIPT = _Script.of(_WINDOW)
+_EXECUTE_SCRIPT = _Script.of(_EXECUTE)
 _DELETE_SCRIPT = _Script.of(_DELETE)
 _SINCE_SCRIPT = _Script.of(_SINCE)
 
@@ -404,8 +389,14 @@ class RedisChatMemoryStore:
         ``keep_history``) and new ones appended. If the messages kept would change order, or
         a new one goes before one kept, the window is written again.
         """
-        keys, args, new, texts = self._update_args(memory_id, messages)
-        _run(self._client, _UPDATE_SCRIPT, keys, args)
+        keys, new, texts = self._update_args(memory_id, messages)
+        for _ in range(_PLAN_TRIES):
+            window = _run(self._client, _WINDOW_SCRIPT, keys, ())
+            done = _run(self._client, _EXECUTE_SCRIPT, keys, self._plan(window, new, texts))
+            if _text(done) == "ok":
+                break
+        else:
+            raise _busy(memory_id)
         self._cache.remember(texts, new)
 
     def delete_messages(self, memory_id: Hashable) -> None:
@@ -479,8 +470,14 @@ class RedisChatMemoryStore:
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.update_messages, memory_id, messages)
-        keys, args, new, texts = self._update_args(memory_id, messages)
-        await _arun(client, _UPDATE_SCRIPT, keys, args)
+        keys, new, texts = self._update_args(memory_id, messages)
+        for _ in range(_PLAN_TRIES):
+            window = await _arun(client, _WINDOW_SCRIPT, keys, ())
+            done = await _arun(client, _EXECUTE_SCRIPT, keys, self._plan(window, new, texts))
+            if _text(done) == "ok":
+                break
+        else:
+            raise _busy(memory_id)
         self._cache.remember(texts, new)
         return None
 
@@ -587,14 +584,32 @@ class RedisChatMemoryStore:
 
     def _update_args(
         self, memory_id: Hashable, messages: Sequence[ChatMessage]
-    ) -> tuple[_Keys, list[Any], list[ChatMessage], list[str]]:
+    ) -> tuple[_Keys, list[ChatMessage], list[str]]:
         new = with_message_ids(messages)
         check_unique_ids(new)
-        texts = [message_to_json(m) for m in new]
-        args: list[Any] = [*self._flags(), secrets.token_urlsafe(12)]
-        for m, text in zip(new, texts, strict=True):
+        return self.keys(memory_id), new, [message_to_json(m) for m in new]
+
+    def _plan(self, window: Any, new: list[ChatMessage], texts: list[str]) -> list[Any]:
+        """The arguments of ``_EXECUTE`` for making ``window`` (as ``_WINDOW`` read it) the
+        wanted messages."""
+        raw_texts, raw_seqs, index = window
+        seqs = [_text(seq) for seq in raw_seqs]
+        id_of = {}
+        for k in range(0, len(index), 2):
+            id_of[_text(index[k + 1]).partition(" ")[0]] = _text(index[k])
+        ids = [id_of.get(seq, "") for seq in seqs]
+        stored = list(zip(ids, map(_text, raw_texts), strict=True))
+        wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
+        plan = plan_update(stored, wanted)
+        leaving = {*plan.removed, *plan.changed}
+        args: list[Any] = [*self._flags(), secrets.token_urlsafe(12), ",".join(seqs)]
+        gone = [(seq, mid) for seq, mid in zip(seqs, ids, strict=True) if mid in leaving]
+        args += ("1" if plan.rewrite else "0", len(gone))
+        for seq, mid in gone:
+            args += (seq, mid)
+        for m, text in zip(new[plan.fresh :], texts[plan.fresh :], strict=True):
             args += (m.message_id, text)
-        return self.keys(memory_id), args, new, texts
+        return args
 
     def _since_rows(
         self, memory_id: Hashable, w: str, raw: Any, since: object
@@ -659,6 +674,16 @@ class RedisChatMemoryStore:
 
         messages = self._cache.parse([row[1] for row in rows], corrupt)
         return [HistoryEntry(m, row[2]) for m, row in zip(messages, rows, strict=True)]
+
+
+_PLAN_TRIES = 20  # writers changing the window between a plan and its execution
+
+
+def _busy(memory_id: Hashable) -> RuntimeError:
+    return RuntimeError(
+        f"update_messages({memory_id!r}): other writers changed the conversation "
+        f"{_PLAN_TRIES} times while it was being replaced; try again"
+    )
 
 
 def _after(since: object) -> int:

@@ -55,6 +55,7 @@ from ._common import (
     check_retention,
     check_unique_ids,
     duplicate_id_error,
+    plan_update,
     purge_interval,
     window_since,
     with_message_ids,
@@ -347,24 +348,19 @@ class SqliteChatMemoryStore:
         new = with_message_ids(messages)
         check_unique_ids(new)
         texts = [message_to_json(m) for m in new]
-        by_id = {m.message_id: text for m, text in zip(new, texts, strict=True)}
+        wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
         conn = self._connection()
         with self._shared.write_lock, conn:
             conn.execute("BEGIN IMMEDIATE")
             (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
-            kept: list[str] = []
-            removed: list[str] = []
-            for mid, text in conn.execute(self._sql.read_window, (key,)):
-                (kept if by_id.get(mid) == text else removed).append(mid)
-            if removed:
-                self._evict(conn, key, removed)
-            n = len(kept)
-            if all(m.message_id == mid for m, mid in zip(new, kept, strict=False)):
-                start = n  # the kept ones lead, in their order: append the rest
-            else:
-                conn.executemany(self._sql.delete_one, [(key, mid) for mid in kept])
-                start = 0
-            if start < len(new):
+            stored = conn.execute(self._sql.read_window, (key,)).fetchall()
+            plan = plan_update(stored, wanted)
+            if plan.removed or plan.changed:
+                self._evict(conn, key, [*plan.removed, *plan.changed])
+            if plan.rewrite:
+                conn.executemany(self._sql.delete_one, [(key, mid) for mid in plan.staying])
+            if plan.fresh < len(new):
+                start = plan.fresh
                 self._append(conn, memory_id, key, new[start:], texts[start:], last=last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
