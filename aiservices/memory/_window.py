@@ -40,6 +40,22 @@ Limit: TypeAlias = int | Callable[[Any], int]
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
 _KINDS = frozenset(_MESSAGE_TYPES)
 
+# A message's kind, looked up by its exact type (a subclass is found by isinstance).
+_SYSTEM, _USER, _AI, _RESULT = "system", "user", "ai", "result"
+_KIND: dict[type, str] = {
+    SystemMessage: _SYSTEM,
+    UserMessage: _USER,
+    AiMessage: _AI,
+    ToolExecutionResultMessage: _RESULT,
+}
+
+
+def _kind(message: ChatMessage) -> str:
+    for kind, name in _KIND.items():
+        if isinstance(message, kind):
+            return name
+    raise TypeError(f"not a chat message: {type(message).__name__}")
+
 
 def check_limit(value: object, name: str, *, source: str | None = None) -> int:
     """``value`` as a window size, or a clear error; ``source`` names the callable it came from."""
@@ -66,7 +82,7 @@ def check_limit(value: object, name: str, *, source: str | None = None) -> int:
 
 def check_messages(messages: Sequence[object], method: str) -> None:
     """Raise ``TypeError`` unless every item is a chat message."""
-    if all(type(m) in _KINDS for m in messages):
+    if _KINDS.issuperset(map(type, messages)):
         return
     for i, m in enumerate(messages):
         if not isinstance(m, _MESSAGE_TYPES):
@@ -229,26 +245,31 @@ class Window:
         tools = False  # whether the batch holds tool requests or results
         for given in messages:
             m = given
-            if isinstance(m, SystemMessage):
+            kind = _KIND.get(type(m)) or _kind(m)
+            if kind is _USER:
+                pass
+            elif kind is _SYSTEM:
                 current = new_system if new_system is not None else system
                 if current is not None and current == m:
                     continue
                 if new_system is not None:  # replaced within the batch: never stored
                     kept = [k for k in kept if k is not new_system]
-            elif isinstance(m, ToolExecutionResultMessage):
-                if not self.opened.get(m.id) and not batch_open.get(m.id):
+            elif kind is _RESULT:
+                if not self.opened.get(m.id) and not batch_open.get(m.id):  # type: ignore[union-attr]
                     continue
                 tools = True
-            elif isinstance(m, AiMessage) and m.tool_execution_requests:
-                for r in m.tool_execution_requests:
+            elif m.tool_execution_requests:  # type: ignore[union-attr]
+                for r in m.tool_execution_requests:  # type: ignore[union-attr]
                     batch_open[r.id] = batch_open.get(r.id, 0) + 1
                 tools = True
             mid = m.message_id
             if mid is None or mid in known or mid in batch_ids:
                 mid = new_message_id()
                 m = m.with_metadata(message_id=mid)
-            if isinstance(m, SystemMessage):
-                new_system = m
+                if kind is _SYSTEM:
+                    new_system = m  # type: ignore[assignment]
+            elif kind is _SYSTEM:
+                new_system = m  # type: ignore[assignment]
             batch_ids.add(mid)
             kept.append(m)
         count = self.count
@@ -316,7 +337,7 @@ class Window:
         self.limit = limit
         evicted: list[ChatMessage] = []
         while True:
-            over = self.size() - limit
+            over = self.total + self.system_cost + self.lead_cost - limit
             if over <= 0:
                 break
             k, stale = self._front(over, limit)
@@ -463,10 +484,8 @@ class Evict:
         return False
 
     def overflow(self, window: Window, limit: int, added: Sequence[ChatMessage]) -> _Outcome:
-        if window.size() <= limit:
-            window.limit = limit
-            return _NOTHING
-        return window.trim(limit), []
+        evicted = window.trim(limit)
+        return (evicted, []) if evicted else _NOTHING
 
 
 _NOTHING: _Outcome = ([], [])

@@ -83,6 +83,7 @@ class WindowChatMemory:
         self._count = count
         self._policy = policy
         self._lock = TurnLock()
+        self._handed_off = False  # an async caller left the lock to a worker thread
         self._costs: dict[object, int] = {}  # by message_key, for the window's messages
         self._window: Window | None = None  # None: read the store first
         self._since: object = None  # what the store's last read said to pass to the next
@@ -135,9 +136,28 @@ class WindowChatMemory:
 
         A message without a ``message_id`` is stored with a new one.
         """
-        if messages:
-            check_messages(messages, "add")
-            self._run(self._adding(messages))
+        if not messages:
+            return
+        check_messages(messages, "add")
+        lock = self._lock
+        lock.acquire()
+        try:
+            limit = self._read_limit()
+            window = self._window
+            if window is None or (self._pending and window.limit != limit):
+                window = self._load(self._perform(READ, None), limit)
+            added, removed, outcome = self._begin_add(window, messages, limit)
+            if type(outcome) is not tuple:
+                outcome = self._drive(outcome)
+            write = self._end_add(window, added, removed, outcome)
+            if write is not None:
+                self._perform(WRITE, write)
+                self.evicted_messages += len(write[1])
+        except BaseException:
+            self._reset()
+            raise
+        finally:
+            lock.release()
 
     def set(self, messages: Iterable[ChatMessage]) -> None:
         """Replace the conversation with ``messages``, under the window's rules."""
@@ -155,9 +175,28 @@ class WindowChatMemory:
 
     async def aadd(self, *messages: ChatMessage) -> None:
         """:meth:`add` for async callers."""
-        if messages:
-            check_messages(messages, "add")
-            await self._arun(self._adding(messages))
+        if not messages:
+            return
+        check_messages(messages, "add")
+        lock = self._lock
+        await lock.aacquire()
+        try:
+            limit = self._read_limit()
+            window = self._window
+            if window is None or (self._pending and window.limit != limit):
+                window = self._load(await self._aio(READ, None), limit)
+            added, removed, outcome = self._begin_add(window, messages, limit)
+            if type(outcome) is not tuple:
+                outcome = await self._adrive(outcome)
+            write = self._end_add(window, added, removed, outcome)
+            if write is not None:
+                await self._aio(WRITE, write)
+                self.evicted_messages += len(write[1])
+        except BaseException:
+            self._reset()
+            raise
+        finally:
+            self._unlock()
 
     async def aset(self, messages: Iterable[ChatMessage]) -> None:
         """:meth:`set` for async callers."""
@@ -228,13 +267,11 @@ class WindowChatMemory:
             window = self._load(stored, limit)
         return window.snapshot()
 
-    def _adding(self, messages: Sequence[ChatMessage]) -> _Steps:
-        limit = self._read_limit()
-        window = self._window
-        if window is None or (self._pending and window.limit != limit):
-            # Messages a read left out at another limit may fit this one: read them again.
-            stored = yield READ, None
-            window = self._load(stored, limit)
+    def _begin_add(
+        self, window: Window, messages: Sequence[ChatMessage], limit: int
+    ) -> tuple[list[ChatMessage], list[ChatMessage], Any]:
+        """Add to ``window``; return what was added, what left, and the policy's outcome
+        (or the generator that makes it, asking a model first)."""
         policy = self._policy
         lead: ChatMessage | None = None
         if policy is not EVICT:
@@ -253,18 +290,23 @@ class WindowChatMemory:
             added.append(lead)
             if old is not None:
                 removed.append(old)
-        outcome: Any = policy.overflow(window, limit, added)
-        if type(outcome) is not tuple:
-            outcome = yield from outcome
-        evicted: list[ChatMessage]
-        inserted: list[ChatMessage]
+        return added, removed, policy.overflow(window, limit, added)
+
+    def _end_add(
+        self,
+        window: Window,
+        added: list[ChatMessage],
+        removed: list[ChatMessage],
+        outcome: tuple[list[ChatMessage], list[ChatMessage]],
+    ) -> tuple[list[ChatMessage], list[ChatMessage], Callable[[], list[ChatMessage]]] | None:
+        """The store write for an add whose overflow came out as ``outcome``, if any."""
         evicted, inserted = outcome
         if evicted:
             gone = window.forget(evicted)
             if self._calibrate:
                 self._gone = gone
             held = window.known
-            if not all(m.message_id in held for m in added):
+            if not held.keys() >= {m.message_id for m in added}:
                 # Evicted by the add that brought it: never stored.
                 batch = {m.message_id for m in added}
                 added = [m for m in added if m.message_id in held]
@@ -273,8 +315,7 @@ class WindowChatMemory:
         if inserted:
             added += inserted
         if added or removed:
-            yield WRITE, (added, removed, window.snapshot)
-            self.evicted_messages += len(removed)
+            return added, removed, window.snapshot
         return None
 
     def _setting(self, given: list[ChatMessage]) -> _Steps:
@@ -353,21 +394,21 @@ class WindowChatMemory:
         lock.acquire()
         try:
             return self._drive(steps)
+        except BaseException:
+            self._reset()
+            raise
         finally:
             lock.release()
 
     def _drive(self, steps: _Steps) -> Any:
         perform = self._perform
         value: Any = None
-        try:
-            while True:
+        while True:
+            try:
                 op, argument = steps.send(value)
-                value = perform(op, argument)
-        except StopIteration as stop:
-            return stop.value
-        except BaseException:
-            self._reset()
-            raise
+            except StopIteration as stop:
+                return stop.value
+            value = perform(op, argument)
 
     def _perform(self, op: int, argument: Any) -> Any:
         ops, store, memory_id = self._ops, self._store, self._id
@@ -389,43 +430,49 @@ class WindowChatMemory:
         return None
 
     async def _arun(self, steps: _Steps) -> Any:
-        import asyncio
-
-        lock = self._lock
-        await lock.aacquire()
-        mode = self._ops.mode
-        handed_off = False
-        value: Any = None
+        await self._lock.aacquire()
         try:
-            while True:
-                try:
-                    op, argument = steps.send(value)
-                except StopIteration as stop:
-                    return stop.value
-                if op == ASK:
-                    value = await _aask(*argument)
-                elif mode is AsyncMode.DIRECT:
-                    value = self._perform(op, argument)
-                elif mode is AsyncMode.NATIVE:
-                    value = await self._aperform(op, argument)
-                else:
-                    work = asyncio.get_running_loop().run_in_executor(
-                        None, self._perform, op, argument
-                    )
-                    try:
-                        value = await asyncio.shield(work)
-                    except asyncio.CancelledError:
-                        if not work.done():
-                            # The worker thread goes on: the lock is released when it ends.
-                            handed_off = True
-                            work.add_done_callback(lambda _: lock.release())
-                        raise
+            return await self._adrive(steps)
         except BaseException:
             self._reset()
             raise
         finally:
-            if not handed_off:
-                lock.release()
+            self._unlock()
+
+    async def _adrive(self, steps: _Steps) -> Any:
+        value: Any = None
+        while True:
+            try:
+                op, argument = steps.send(value)
+            except StopIteration as stop:
+                return stop.value
+            value = await (_aask(*argument) if op == ASK else self._aio(op, argument))
+
+    async def _aio(self, op: int, argument: Any) -> Any:
+        """Perform a store step for an async caller, the lock held."""
+        import asyncio
+
+        mode = self._ops.mode
+        if mode is AsyncMode.DIRECT:
+            return self._perform(op, argument)
+        if mode is AsyncMode.NATIVE:
+            return await self._aperform(op, argument)
+        work = asyncio.get_running_loop().run_in_executor(None, self._perform, op, argument)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                # The worker thread goes on: the lock is released when it ends.
+                self._handed_off = True
+                lock = self._lock
+                work.add_done_callback(lambda _: lock.release())
+            raise
+
+    def _unlock(self) -> None:
+        if self._handed_off:
+            self._handed_off = False
+        else:
+            self._lock.release()
 
     async def _aperform(self, op: int, argument: Any) -> Any:
         ops, store, memory_id = self._ops, self._store, self._id
