@@ -55,10 +55,10 @@ class StoreOps:
         snapshot: Callable[[], list[ChatMessage]],
     ) -> None:
         """Append ``appended`` and remove ``removed``; ``snapshot`` is the whole window."""
-        ids = _ids(removed)
-        if self.apply and ids is not None:
+        ids = [m.message_id for m in removed]
+        if self.apply and None not in ids:
             store.apply_changes(memory_id, appended=appended, removed=ids)
-        elif ids is None and self.apply:
+        elif self.apply:
             # A removed message without an id can only be removed by writing the window.
             store.update_messages(memory_id, snapshot())
         else:
@@ -88,10 +88,10 @@ class StoreOps:
         removed: Sequence[ChatMessage],
         snapshot: Callable[[], list[ChatMessage]],
     ) -> None:
-        ids = _ids(removed)
-        if self.apply and ids is not None:
+        ids = [m.message_id for m in removed]
+        if self.apply and None not in ids:
             await store.aapply_changes(memory_id, appended=appended, removed=ids)
-        elif ids is None and self.apply:
+        elif self.apply:
             await store.aupdate_messages(memory_id, snapshot())
         else:
             stored = await store.aget_messages(memory_id)
@@ -104,11 +104,6 @@ class StoreOps:
 
     async def adelete(self, store: Any, memory_id: Hashable) -> None:
         await store.adelete_messages(memory_id)
-
-
-def _ids(removed: Sequence[ChatMessage]) -> list[str] | None:
-    ids = [m.message_id for m in removed]
-    return None if None in ids else ids  # type: ignore[return-value]
 
 
 def _without(stored: list[ChatMessage], removed: Sequence[ChatMessage]) -> list[ChatMessage]:

@@ -169,10 +169,6 @@ class Window:
             out.insert(0, lead)
         return out
 
-    def size(self) -> int:
-        """The window's cost: what a limit is compared with."""
-        return self.total + self.system_cost + self.lead_cost
-
     def holds(self, stored: Sequence[ChatMessage]) -> bool:
         """Whether ``stored`` is this window, message for message (the same objects)."""
         mine = self.msgs if self.system is None and self.lead is None else self.snapshot()
@@ -239,9 +235,11 @@ class Window:
         known = self.known
         system = self.system
         new_system: SystemMessage | None = None
-        batch_open: dict[str, int] = {}
+        batch_open: dict[str, int] | None = None
         kept: list[ChatMessage] = []
-        batch_ids: set[str] = set()
+        ids: list[str] = []
+        # A batch's own ids are looked up in a list while it is short, else in a set.
+        seen: list[str] | set[str] = ids if len(messages) <= 16 else set()
         tools = False  # whether the batch holds tool requests or results
         for given in messages:
             m = given
@@ -253,30 +251,35 @@ class Window:
                 if current is not None and current == m:
                     continue
                 if new_system is not None:  # replaced within the batch: never stored
-                    kept = [k for k in kept if k is not new_system]
+                    at = kept.index(new_system)
+                    del kept[at], ids[at]
             elif kind is _RESULT:
-                if not self.opened.get(m.id) and not batch_open.get(m.id):  # type: ignore[union-attr]
+                if not self.opened.get(m.id) and not (  # type: ignore[union-attr]
+                    batch_open and batch_open.get(m.id)  # type: ignore[union-attr]
+                ):
                     continue
                 tools = True
             elif m.tool_execution_requests:  # type: ignore[union-attr]
+                if batch_open is None:
+                    batch_open = {}
                 for r in m.tool_execution_requests:  # type: ignore[union-attr]
                     batch_open[r.id] = batch_open.get(r.id, 0) + 1
                 tools = True
             mid = m.message_id
-            if mid is None or mid in known or mid in batch_ids:
+            if mid is None or mid in known or mid in seen:
                 mid = new_message_id()
                 m = m.with_metadata(message_id=mid)
-                if kind is _SYSTEM:
-                    new_system = m  # type: ignore[assignment]
-            elif kind is _SYSTEM:
+            if kind is _SYSTEM:
                 new_system = m  # type: ignore[assignment]
-            batch_ids.add(mid)
+            if seen is not ids:
+                seen.add(mid)  # type: ignore[union-attr]
+            ids.append(mid)
             kept.append(m)
         count = self.count
         kept_costs = [1] * len(kept) if count is None else [count(m) for m in kept]
 
         # Counted: now change the window.
-        known.update(zip([m.message_id for m in kept], kept_costs, strict=True))
+        known.update(zip(ids, kept_costs, strict=True))
         displaced: list[ChatMessage] = []
         msgs = self.msgs
         base = len(msgs)
@@ -306,16 +309,20 @@ class Window:
                         opened[r.id] = opened.get(r.id, 0) + 1
         return kept, displaced
 
-    def forget(self, messages: Sequence[ChatMessage]) -> dict[object, int]:
-        """Drop the costs of messages that left the window; return them."""
+    def forget(
+        self, messages: Sequence[ChatMessage], into: dict[object, int] | None = None
+    ) -> None:
+        """Drop the costs of messages that left the window (into ``into``, when given)."""
         pop = self.known.pop
-        gone: dict[object, int] = {}
+        if into is None:
+            for m in messages:
+                pop(m.message_id or m, None)
+            return
         for m in messages:
             key = m.message_id or m
             cost = pop(key, None)
             if cost is not None:
-                gone[key] = cost
-        return gone
+                into[key] = cost
 
     def set_lead(self, lead: ChatMessage | None, cost: int) -> ChatMessage | None:
         """Show ``lead`` right after the system message; return the lead it replaces."""
@@ -374,6 +381,8 @@ class Window:
         is counted again)."""
         msgs, costs = self.msgs, self.costs
         opened, answered = self.opened, self.answered
+        # Without tool requests in the window every unit but a whole turn is one message.
+        tools = bool(opened or answered)
         whole_turns = self.whole_turns
         n = len(msgs)
         k = 0
@@ -382,20 +391,21 @@ class Window:
         while over > 0 and k < n:
             # The unit starting at k ends before j.
             j = k + 1
-            first = msgs[k]
             if whole_turns:
                 while j < n and not isinstance(msgs[j], UserMessage):
                     j += 1
-            elif isinstance(first, AiMessage) and first.tool_execution_requests:
-                while j < n and isinstance(msgs[j], ToolExecutionResultMessage):
-                    j += 1
+            elif tools:
+                first = msgs[k]
+                if isinstance(first, AiMessage) and first.tool_execution_requests:
+                    while j < n and isinstance(msgs[j], ToolExecutionResultMessage):
+                        j += 1
             unit = costs[k] if j == k + 1 else sum(costs[k:j])
             if j == n and unit > limit and (whole_turns or max(costs[k:j]) > limit):
                 # The newest unit holds a message larger than the window (never split), or
                 # is the newest whole turn: it stays alone.
                 break
             over -= unit
-            if not (opened or answered):
+            if not tools:
                 k = j
                 continue
             asked: list[str] = []

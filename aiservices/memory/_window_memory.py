@@ -124,7 +124,8 @@ class WindowChatMemory:
         lock.acquire()
         try:
             limit = self._read_limit()
-            return self._settle(self._perform(READ, None), limit)
+            stored, self._since = self._ops.read(self._store, self._id, self._since)
+            return self._settle(stored, limit)
         except BaseException:
             self._reset()
             raise
@@ -151,7 +152,7 @@ class WindowChatMemory:
                 outcome = self._drive(outcome)
             write = self._end_add(window, added, removed, outcome)
             if write is not None:
-                self._perform(WRITE, write)
+                self._ops.write(self._store, self._id, *write)
                 self.evicted_messages += len(write[1])
         except BaseException:
             self._reset()
@@ -302,9 +303,11 @@ class WindowChatMemory:
         """The store write for an add whose overflow came out as ``outcome``, if any."""
         evicted, inserted = outcome
         if evicted:
-            gone = window.forget(evicted)
             if self._calibrate:
-                self._gone = gone
+                self._gone = {}
+                window.forget(evicted, self._gone)
+            else:
+                window.forget(evicted)
             held = window.known
             if not held.keys() >= {m.message_id for m in added}:
                 # Evicted by the add that brought it: never stored.
@@ -331,12 +334,11 @@ class WindowChatMemory:
                 messages.append(m)
             seen.add(mid)
         window = self._new_window()
-        dropped = window.load(messages, self._lead_test())
+        window.load(messages, self._lead_test())  # what it leaves out is never stored
         if self._policy.evicts_on_read:
             window.forget(window.trim(limit))
         else:
             window.limit = limit
-        del dropped  # never stored
         yield REPLACE, window.snapshot()
         self._window = window
         self._pending = []
