@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Json, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 __all__ = [
     "AiMessage",
@@ -329,6 +331,18 @@ def _message_adapter() -> TypeAdapter[ChatMessage]:
     return TypeAdapter(_Tagged)
 
 
+@functools.cache
+def _each_adapter() -> TypeAdapter[list[ChatMessage]]:
+    # Each item is a JSON text parsed on its own: one that holds more or less than one
+    # message fails, whatever its neighbours hold.
+    return TypeAdapter(list[Json[_Tagged]])
+
+
+@functools.cache
+def _time_adapter() -> TypeAdapter[datetime]:
+    return TypeAdapter(datetime)
+
+
 _MESSAGE_TYPES: Final = (SystemMessage, UserMessage, AiMessage, ToolExecutionResultMessage)
 
 
@@ -439,7 +453,12 @@ def message_to_json(message: ChatMessage) -> str:
     if at is not None and at.tzinfo is not UTC and at.utcoffset():
         message = unchecked_message(type(message), {**values, "created_at": at.astimezone(UTC)})
     # The serialiser itself: model_dump_json costs a third more in argument handling.
-    return to_json(message, exclude_none=True).decode()
+    try:
+        return to_json(message, exclude_none=True).decode()
+    except PydanticSerializationError:
+        if not _has_surrogates(message):
+            raise
+        return _escaping_surrogates(message)
 
 
 def message_from_json(text: str | bytes) -> ChatMessage:
@@ -447,4 +466,85 @@ def message_from_json(text: str | bytes) -> ChatMessage:
     try:
         return _message_adapter().validate_json(text)
     except ValidationError as exc:
+        message = _with_lone_surrogates(text)
+        if message is None:
+            raise ValueError(f"invalid chat message JSON: {_describe(exc)}") from None
+        return message
+
+
+def messages_from_texts(texts: Sequence[object]) -> list[ChatMessage]:
+    """Read one message from each text in one call; a ``ValueError`` if any is not exactly one.
+
+    As fast as parsing the texts joined into one array, and, unlike that, a text holding
+    part of a message, or two, is an error even when its neighbours make up for it.
+    """
+    try:
+        return _each_adapter().validate_python(texts)
+    except ValidationError as exc:
         raise ValueError(f"invalid chat message JSON: {_describe(exc)}") from None
+
+
+# Lone surrogates (str can hold them; UTF-8 can't, so neither can a store) are written as
+# JSON escapes. pydantic's JSON reader refuses those escapes, so a text holding one is read
+# with the json module instead.
+_SURROGATE: Final = re.compile(r"[\ud800-\udfff]")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_surrogates(value: object) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, BaseModel):
+        return any(map(_has_surrogates, value.__dict__.values()))
+    if isinstance(value, list):
+        return any(map(_has_surrogates, value))
+    return False
+
+
+def _paired(value: Any) -> Any:
+    """``value`` with each high surrogate followed by a low one made the character they
+    spell, as any JSON reader would read them back; lone surrogates stay."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value) is None:
+            return value
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    if isinstance(value, dict):
+        return {k: _paired(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_paired(v) for v in value]
+    return value
+
+
+def _escaping_surrogates(message: _Message) -> str:
+    """The canonical text of a message whose strings hold surrogates, each lone one escaped."""
+    import json
+
+    values = _paired(message.model_dump(mode="json", exclude_none=True))
+    # Escapes as pydantic's writer does (only quotes, backslashes and control characters),
+    # so the text differs from its form only where a lone surrogate is.
+    text = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+def _with_lone_surrogates(text: str | bytes) -> ChatMessage | None:
+    """The message of a text that escapes lone surrogates; ``None`` if it is not one."""
+    import json
+
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(text, str) or _SURROGATE_ESCAPE.search(text) is None:
+        return None
+    try:
+        values = json.loads(text)
+        if not isinstance(values, dict):
+            return None
+        at = values.get("created_at")
+        if isinstance(at, str):
+            # Read as pydantic reads a time from JSON; the rest validates as it would.
+            values["created_at"] = _time_adapter().validate_json(json.dumps(at))
+        return _message_adapter().validate_python(values)
+    except (ValueError, ValidationError):
+        return None

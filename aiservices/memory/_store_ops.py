@@ -4,7 +4,8 @@ A window needs four operations: read the window (reusing what an earlier read pa
 the store can), write a delta (append these, remove those), replace the conversation, and
 delete it; each sync and async. :func:`store_ops` resolves a store to them once, by what it
 offers: ``get_messages_since`` for reads that parse only new rows, ``apply_changes`` for
-delta writes, the ``a``-prefixed twins for native async I/O. A plain three-method store
+delta writes, the ``a``-prefixed twins for native async I/O, ``check_memory_id`` to refuse
+an id the store can't hold when a memory is made. A plain three-method store
 gets delta writes through a generic adapter (read, apply the delta, write back), so a
 memory has one write path whatever the store.
 """
@@ -31,12 +32,18 @@ class AsyncMode(enum.Enum):
 class StoreOps:
     """A store's operations, as a memory calls them; one object per kind of store."""
 
-    __slots__ = ("apply", "mode", "since")
+    __slots__ = ("apply", "check", "mode", "since")
 
-    def __init__(self, *, since: bool, apply: bool, mode: AsyncMode) -> None:
+    def __init__(self, *, since: bool, apply: bool, mode: AsyncMode, check: bool = False) -> None:
         self.since = since  # the store has get_messages_since
         self.apply = apply  # the store has apply_changes
         self.mode = mode
+        self.check = check  # the store has check_memory_id
+
+    def check_id(self, store: Any, memory_id: Hashable) -> None:
+        """Raise the store's ``ValueError`` if it can't hold ``memory_id``."""
+        if self.check:
+            store.check_memory_id(memory_id)
 
     def read(
         self, store: Any, memory_id: Hashable, since: object
@@ -157,7 +164,7 @@ def _resolve(store: object, blocking: bool) -> StoreOps:
         if since:
             needed.append("aget_messages_since")
         mode = AsyncMode.NATIVE if all(map(has, needed)) else AsyncMode.THREAD
-    return StoreOps(since=since, apply=apply, mode=mode)
+    return StoreOps(since=since, apply=apply, mode=mode, check=has("check_memory_id"))
 
 
 def _reads_elsewhere(kind: type) -> bool:

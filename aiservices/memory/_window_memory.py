@@ -78,6 +78,9 @@ class WindowChatMemory:
             self._limit_fn = None
         self._store: Any = default_store() if store is None else check_store(store)
         self._ops = store_ops(self._store)
+        # Before any turn: an id the store can't hold fails here, not at the write that
+        # follows a paid model call.
+        self._ops.check_id(self._store, id)
         self._keep_system_first = bool(always_keep_system_message_first)
         self._whole_turns = bool(evict_whole_turns)
         self._count = count

@@ -73,6 +73,10 @@ class InMemoryChatMemoryStore:
             return f"{type(self).__name__}()"
         return f"{type(self).__name__}(retention={self.retention!r})"
 
+    def check_memory_id(self, memory_id: Hashable) -> None:
+        """Raise if ``memory_id`` can't be filed: this store holds any id ``store_key`` takes."""
+        store_key(memory_id)
+
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
         key = store_key(memory_id)

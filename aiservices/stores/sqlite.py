@@ -3,7 +3,8 @@
 Schema (``table`` defaults to ``chat_messages``)::
 
     {table}          the window: one row per message a memory holds
-        memory_key   TEXT     store_key(memory_id)
+        memory_key   TEXT     store_key(memory_id) (a BLOB of its UTF-8 if it holds a lone
+                              surrogate, which SQLite text can't)
         seq          INTEGER  position in the conversation; PRIMARY KEY (memory_key, seq)
         message_id   TEXT     unique per conversation (index {table}_message_id)
         turn_id      TEXT     the message's turn_id, for queries
@@ -201,7 +202,9 @@ class SqliteChatMemoryStore:
         self._sql = _Statements(table)
         self._cache = MessageCache()
         self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
-        self._connection()  # opens the file and checks or creates the schema now
+        # Opens the file and checks or creates the schema now; the limit is read once, so
+        # that checking an id never opens a connection (on an event loop's thread, say).
+        self._max_length = self._connection().getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
         if self.retention is not None:
             self._purge_by_retention()
 
@@ -224,13 +227,26 @@ class SqliteChatMemoryStore:
     def _connect(self) -> sqlite3.Connection:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
-        conn = sqlite3.connect(
-            self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-        )
+        if not os.access(self.path, os.R_OK | os.W_OK) and os.path.isfile(self.path):
+            # SQLite would open it read-only, and fail only at the first write.
+            raise _open_error(self.path, None)
         try:
+            conn = sqlite3.connect(
+                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.OperationalError as exc:
+            raise _open_error(self.path, exc) from exc
+        try:
+            # The first statements read the file and create the WAL beside it: where a file
+            # that can't be opened, or a directory that can't be written, shows.
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             self._check_schema(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _OPEN_ERRORS:
+                raise
+            raise _open_error(self.path, exc) from exc
         except BaseException:
             conn.close()
             raise
@@ -289,7 +305,7 @@ class SqliteChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The messages in the window, oldest first; ``[]`` for an unknown id."""
-        key = store_key(memory_id)
+        key = _key(memory_id)
         rows = self._connection().execute(self._sql.read, (key,)).fetchall()
         return self._parse(memory_id, rows) if rows else []
 
@@ -301,7 +317,7 @@ class SqliteChatMemoryStore:
         Messages an earlier read returned (``since`` is what it returned beside them) are
         reused rather than parsed again: only rows newer than that read are fetched whole.
         """
-        key = store_key(memory_id)
+        key = _key(memory_id)
         conn = self._connection()
         statement = self._sql.read_since
         after = since.after if isinstance(since, WindowRead) else -1
@@ -322,7 +338,7 @@ class SqliteChatMemoryStore:
     ) -> None:
         """In one transaction, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message."""
-        key = store_key(memory_id)
+        key = _key(memory_id)
         appended_ids(appended)
         conn = self._connection()
         with self._shared.write_lock, conn:
@@ -344,7 +360,7 @@ class SqliteChatMemoryStore:
         ``keep_history``) and new ones appended. If the messages kept would change order, or
         a new one goes before one kept, the window's rows are written again.
         """
-        key = store_key(memory_id)
+        key = _key(memory_id)
         new = with_message_ids(messages)
         check_unique_ids(new)
         texts = [message_to_json(m) for m in new]
@@ -367,7 +383,7 @@ class SqliteChatMemoryStore:
 
     def delete_messages(self, memory_id: Hashable) -> None:
         """Empty the window; with ``keep_history`` its messages stay in history, evicted."""
-        key = store_key(memory_id)
+        key = _key(memory_id)
         conn = self._connection()
         sql = self._sql
         with self._shared.write_lock, conn:
@@ -385,7 +401,7 @@ class SqliteChatMemoryStore:
         Without ``keep_history`` evicted messages are deleted, so only the window and any
         history written earlier by a store with ``keep_history`` remain.
         """
-        key = store_key(memory_id)
+        key = _key(memory_id)
         rows = self._connection().execute(self._sql.read_history, (key, key)).fetchall()
         if not rows:
             return []
@@ -403,7 +419,7 @@ class SqliteChatMemoryStore:
 
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation's window and history."""
-        key = store_key(memory_id)
+        key = _key(memory_id)
         conn = self._connection()
         sql = self._sql
         with self._shared.write_lock, conn:
@@ -416,8 +432,29 @@ class SqliteChatMemoryStore:
     def memory_ids(self) -> Iterator[Hashable]:
         """The ids of the conversations this store holds (window or history), each as it
         was given."""
-        keys = [key for (key,) in self._connection().execute(self._sql.keys)]
+        keys = [_key_text(key) for (key,) in self._connection().execute(self._sql.keys)]
         return map(memory_id_of, keys)
+
+    def check_memory_id(self, memory_id: Hashable) -> None:
+        """Raise ``ValueError`` if ``memory_id`` is too long for SQLite to hold.
+
+        Any other id is held, whatever characters it has (a lone surrogate included). A
+        memory calls this when it is made, so that an id that can't be stored fails before
+        the model is called, not at the turn's write.
+        """
+        key = _key(memory_id)
+        limit = self._max_length
+        if len(key) * 4 <= limit:
+            return  # no UTF-8 encoding is longer than 4 bytes a character
+        size = len(key if isinstance(key, bytes) else key.encode())
+        if size > limit:
+            shown = repr(memory_id)
+            shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+            raise ValueError(
+                f"memory id {shown} takes {size} bytes as a key, more than the {limit} that "
+                f"SQLite holds in one value (SQLITE_LIMIT_LENGTH) in {self.path!r}; use a "
+                "shorter id (a hash of this one, say)"
+            )
 
     def purge_idle(self, older_than: timedelta) -> int:
         """Delete every conversation idle for longer than ``older_than``; return how many.
@@ -476,7 +513,7 @@ class SqliteChatMemoryStore:
 
     # -- inside a write transaction -------------------------------------------------------
 
-    def _evict(self, conn: sqlite3.Connection, key: str, message_ids: list[str]) -> None:
+    def _evict(self, conn: sqlite3.Connection, key: str | bytes, message_ids: list[str]) -> None:
         sql = self._sql
         if self.keep_history:
             when = _now()
@@ -487,7 +524,7 @@ class SqliteChatMemoryStore:
         self,
         conn: sqlite3.Connection,
         memory_id: Hashable,
-        key: str,
+        key: str | bytes,
         messages: Sequence[ChatMessage],
         texts: Sequence[str] | None,
         *,
@@ -631,12 +668,73 @@ def _table_exists(conn: sqlite3.Connection, name: str) -> bool:
 
 
 def _corrupt(memory_id: Hashable, seq: object, reason: str, table: str) -> CorruptMessageError:
+    key = _key(memory_id)
+    literal = f"X'{key.hex()}'" if isinstance(key, bytes) else repr(key)
     return CorruptMessageError(
         memory_id,
         seq,
         reason,
         hint=(
-            f"repair or delete the row with memory_key = {store_key(memory_id)!r} and "
+            f"repair or delete the row with memory_key = {literal} and "
             f"seq = {seq} in table {table!r} (or {table}_history)"
         ),
     )
+
+
+def _key(memory_id: Hashable) -> str | bytes:
+    """The ``memory_key`` of a memory id: its ``store_key``, or, when that holds a lone
+    surrogate (which SQLite text can't), the key's UTF-8 bytes with surrogates kept.
+
+    A BLOB never equals a TEXT in SQLite, so such keys stay apart from every text key, and
+    every key stored before stays as it was.
+    """
+    key = store_key(memory_id)
+    if key.isascii():
+        return key
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogatepass")
+    return key
+
+
+def _key_text(key: str | bytes) -> str:
+    """The ``store_key`` that ``_key`` filed as ``key``."""
+    return key if isinstance(key, str) else key.decode("utf-8", "surrogatepass")
+
+
+# SQLite's result codes for a file it can't open or write: SQLITE_PERM, SQLITE_READONLY,
+# SQLITE_CANTOPEN, SQLITE_NOTADB.
+_OPEN_ERRORS: Final = frozenset({3, 8, 14, 26})
+
+
+def _open_error(path: str, error: sqlite3.DatabaseError | None) -> sqlite3.OperationalError:
+    """The error for a database file that can't be opened for reading and writing: what
+    SQLite said (``error``; ``None``: the file is read-only), with the path and why."""
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        reason = (
+            "it is a directory; pass the path of a file in it, e.g. "
+            f"{os.path.join(path, 'chat.db')!r}"
+        )
+    elif not os.path.isdir(folder):
+        what = "is not a directory" if os.path.exists(folder) else "does not exist"
+        reason = f"directory {folder!r} {what}; create it first, or pass another path"
+    elif os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
+        reason = "no permission to read and write it; change its permissions or pass another path"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        reason = (
+            f"no permission to create files in directory {folder!r} (SQLite keeps its "
+            "-wal and -shm files beside the database); change its permissions or pass another "
+            "path"
+        )
+    elif error is not None and error.sqlite_errorcode & 0xFF == 26:
+        reason = "the file is not a SQLite database; pass another path"
+    else:
+        reason = "check that the file and its directory can be read and written"
+    said = "" if error is None else f" (SQLite said: {error})"
+    opened = sqlite3.OperationalError(f"cannot open SQLite database {path!r}: {reason}{said}")
+    opened.sqlite_errorcode = 8 if error is None else error.sqlite_errorcode
+    opened.sqlite_errorname = "SQLITE_READONLY" if error is None else error.sqlite_errorname
+    return opened
