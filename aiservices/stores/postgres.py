@@ -3,7 +3,7 @@
 Schema (``table`` defaults to ``aiservices_messages``)::
 
     {table}                the window: one row per message a memory holds
-        memory_key   text         store_key(memory_id)
+        memory_key   text         the conversation's key (see below)
         seq          bigint       position in the conversation; PRIMARY KEY (memory_key, seq)
         message_id   text         unique per conversation (UNIQUE {table}_message_id)
         turn_id      text         the message's turn_id, for queries
@@ -12,15 +12,27 @@ Schema (``table`` defaults to ``aiservices_messages``)::
         message      text         the message as messages.message_to_json writes it
     {table}_history        the same columns plus evicted_at (timestamptz): rows that left
                            the window of a store opened with keep_history=True
-    {table}_conversations  memory_key (PRIMARY KEY) and last_seq, the last sequence number
-                           given out: its row is the lock a conversation's writers queue on
+    {table}_conversations  memory_key (PRIMARY KEY); last_seq, the last sequence number
+                           given out (its row is the lock a conversation's writers queue
+                           on); full_key (bytea), the key in full where memory_key is its
+                           digest
     {table}_schema         name/value pairs; 'version' is the schema version
+
+A conversation's key is ``store_key(memory_id)`` where PostgreSQL can index and store it as
+it is: at most ``MAX_KEY_BYTES`` bytes of UTF-8, with no NUL character and no lone
+surrogate. Any other key is filed as ``"\\x1f#"`` and the SHA-256 of its UTF-8 in hex (lone
+surrogates encoded as Python's ``surrogatepass`` does), and kept whole in ``full_key``: ids
+stay distinct, and :meth:`memory_ids` lists them as given. Version 1 of the schema had no
+``full_key``; the first use by this version adds it and refiles the keys that are now
+digests (see :meth:`PostgresChatMemoryStore.create_schema`).
 
 With ``retention`` (a ``timedelta``), a turn's write deletes now and then (every tenth of
 the period, at most hourly) the conversations idle for longer: see :meth:`purge_idle`.
 
-A turn's write (``apply_changes``) is one statement, so one round trip: it takes the
-sequence numbers it appends from the conversation's row in ``{table}_conversations``,
+A turn's write (``apply_changes``) is one statement, sent with its BEGIN in one round trip
+and committed in a second once its result is in (so that a statement the server runs only
+after the call gave up is rolled back, never committed behind the caller's back). It takes
+the sequence numbers it appends from the conversation's row in ``{table}_conversations``,
 which locks that row until the statement commits, deletes the removed rows by message id
 (moving them to history with keep_history) and inserts the new ones. Writers of one
 conversation, in any thread, task, process or machine, queue on that row, so sequence
@@ -29,6 +41,15 @@ waits for it and then applies to what it committed. No writer re-inserts a messa
 is stored (``update_messages`` renumbers and edits rows in place), so a removal can't miss a
 message by its id, and none loses another's messages. The other writes are transactions
 that lock the same row first.
+
+Every wait is bounded. The server cancels a statement after ``statement_timeout`` and a lock
+wait after ``lock_timeout`` (set on each connection the store opens). On the client, a call
+gives up ``timeout`` seconds after it started, whether it is waiting for a connection or for
+the server's answer: a watchdog thread shuts the socket of a call past its deadline down,
+which wakes the call even when the server is frozen and the kernel still acknowledges what
+it is sent. A connection is opened within ``connect_timeout``; when the last attempt to
+connect failed, a call tries the server itself instead of waiting for the pool's next
+attempt, so a server that is down fails a call at once, saying why.
 """
 
 from __future__ import annotations
@@ -36,7 +57,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
+import os
 import select
+import socket
 import threading
 import time
 from collections.abc import (
@@ -48,7 +72,7 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Self, TypeAlias
@@ -56,7 +80,7 @@ from typing import Any, Final, Self, TypeAlias
 import psycopg
 import psycopg.errors
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
@@ -77,17 +101,74 @@ from ._common import (
     with_message_ids,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresChatMemoryStore"]
+__all__ = ["MAX_KEY_BYTES", "SCHEMA_VERSION", "PostgresChatMemoryStore"]
 
 _log = logging.getLogger("aiservices")
 
-SCHEMA_VERSION: Final = 1
-"""The schema this version writes; a database with a newer one is refused."""
+SCHEMA_VERSION: Final = 2
+"""The schema this version writes; a database with a newer one is refused, version 1 upgraded."""
+
+MAX_KEY_BYTES: Final = 1024
+"""The longest key, in bytes of UTF-8, filed as it is; a longer one is filed as its digest.
+
+A btree index entry must fit in about 2,700 bytes after compression, beside the row's
+message id: 1,024 leaves room for any id a caller would write by hand, and for a message id
+of more than a kilobyte too.
+"""
+
+# No store_key starts so: in one, "\x1f" is followed by "\x1f" or a type name.
+_DIGEST_PREFIX: Final = "\x1f#"
+_SHORT_KEY = MAX_KEY_BYTES // 4  # a key of so many characters is at most MAX_KEY_BYTES of UTF-8
 
 _SUFFIXES = ("_history", "_conversations", "_schema", "_message_id")
 _MAX_IDENTIFIER = 63  # PostgreSQL silently truncates longer names
 
+_GRACE = 0.25
+"""Seconds a call waits for the pool before asking whether the server refused it."""
+
+_RECONNECT = 1.0
+"""Seconds the pool tries to connect again in the background; then the next call tries."""
+
+# Defaults for the DSN's TCP settings, where it sets none: an idle pooled connection to a
+# host that vanished is found dead in about a minute, not after the kernel's two hours.
+_TCP_DEFAULTS: Final = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
 _Rows: TypeAlias = list[tuple[Any, ...]]
+_Key: TypeAlias = tuple[str, bytes | None]  # the key filed, and the full key if it is a digest
+
+
+def _file_key(memory_id: Hashable) -> _Key:
+    """The key ``memory_id`` is filed under here, and the full key beside it if that is a digest."""
+    return _file(store_key(memory_id))
+
+
+def _file(key: str) -> _Key:
+    """How a key (a :func:`store_key`) is filed: itself, or its digest and the key in full."""
+    if len(key) <= _SHORT_KEY and key.isascii() and "\x00" not in key:
+        return key, None  # nearly every id: short ASCII
+    try:
+        full = key.encode()
+    except UnicodeEncodeError:  # a lone surrogate, which UTF-8 can't carry
+        full = key.encode("utf-8", "surrogatepass")
+    else:
+        if len(full) <= MAX_KEY_BYTES and "\x00" not in key:
+            return key, None
+    return _digest_key(full), full
+
+
+def _digest_key(full: bytes) -> str:
+    return _DIGEST_PREFIX + hashlib.sha256(full).hexdigest()
+
+
+def _key_of(key: str, full: bytes | None) -> str:
+    """The key a conversation was filed under, whole again."""
+    return key if full is None else bytes(full).decode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,19 +191,26 @@ class PostgresChatMemoryStore:
     ``dsn_or_pool`` is a libpq connection string or URL, a ``psycopg_pool.ConnectionPool``,
     or a ``psycopg.Connection``. From a DSN the store makes a pool of up to
     ``max_connections`` connections, opened on first use, and in each event loop that calls
-    its async methods an ``AsyncConnectionPool``; ``timeout`` is how many seconds a call
-    waits for a connection from them. Given a pool or connection, async calls use
+    its async methods an ``AsyncConnectionPool``. Given a pool or connection, async calls use
     ``async_pool`` if given, else run the sync methods in a worker thread. A connection
     passed in is used by one call at a time, as is: with autocommit off, writes join any
     transaction open on it. What the store made, :meth:`close` (or :meth:`aclose`) closes.
 
+    Waits are bounded. ``timeout`` is how many seconds a call may take, waiting for a
+    connection and then for the server's answers, before it raises
+    ``psycopg.OperationalError`` naming the server (``psycopg_pool.PoolTimeout``, a subclass,
+    when no connection came free); it applies to connections and pools passed in too. The
+    store's own connections are opened within ``connect_timeout`` seconds (libpq's, in whole
+    seconds, at least 2), and the server cancels their statements after
+    ``statement_timeout`` and their lock waits after ``lock_timeout`` seconds (``None``:
+    the server's setting). When the server refused or ignored the last attempt to connect,
+    a call tries it once itself rather than wait, and raises at once if it still fails.
+
     The tables are created on first use, or by :meth:`create_schema`. With
     ``keep_history=True``, messages leaving the window move to the history table instead of
     being deleted; :meth:`get_history` reads the whole transcript and :meth:`forget` erases
-    it. Errors are psycopg's own: ``psycopg.OperationalError`` when the server is lost
-    (``psycopg_pool.PoolTimeout``, a subclass, when no connection came within ``timeout``).
-    A pooled connection that the server closed while it sat idle, as when the server
-    restarted, is replaced before a call gets it.
+    it. Errors are psycopg's own. A pooled connection that the server closed while it sat
+    idle, as when the server restarted, is replaced before a call gets it.
     """
 
     def __init__(
@@ -133,7 +221,10 @@ class PostgresChatMemoryStore:
         keep_history: bool = False,
         async_pool: AsyncConnectionPool[Any] | None = None,
         max_connections: int = 10,
-        timeout: float = 30.0,
+        timeout: float = 15.0,
+        connect_timeout: float = 5.0,
+        statement_timeout: float | None = 10.0,
+        lock_timeout: float | None = 5.0,
         retention: timedelta | None = None,
     ) -> None:
         if not isinstance(table, str) or not table:
@@ -148,8 +239,14 @@ class PostgresChatMemoryStore:
             raise ValueError(f"table {table!r} has a NUL character, which PostgreSQL refuses")
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections!r}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        _check_seconds("timeout", timeout)
+        _check_seconds("connect_timeout", connect_timeout)
+        for name, value in (
+            ("statement_timeout", statement_timeout),
+            ("lock_timeout", lock_timeout),
+        ):
+            if value is not None:
+                _check_seconds(name, value, "or None for the server's own setting")
         self.table = table
         self.keep_history = bool(keep_history)
         self.retention = check_retention(retention)
@@ -161,15 +258,22 @@ class PostgresChatMemoryStore:
         self._dsn: str | None = None
         self._given = type(dsn_or_pool).__name__
         self._max_connections = max_connections
-        self._timeout = timeout
+        self._timeout = float(timeout)
+        self._connector: _Connector | None = None
         self._source: _Source
         if isinstance(dsn_or_pool, str):
             self._dsn = dsn_or_pool
-            self._source = _OwnPool(dsn_or_pool, max_connections, timeout)
+            self._connector = _Connector(
+                dsn_or_pool,
+                timeout=self._timeout,
+                connect_timeout=connect_timeout,
+                settings={"statement_timeout": statement_timeout, "lock_timeout": lock_timeout},
+            )
+            self._source = _OwnPool(self._connector, max_connections, self._timeout)
         elif isinstance(dsn_or_pool, ConnectionPool):
-            self._source = _GivenPool(dsn_or_pool)
+            self._source = _GivenPool(dsn_or_pool, self._timeout)
         elif isinstance(dsn_or_pool, psycopg.Connection):
-            self._source = _GivenConnection(dsn_or_pool)
+            self._source = _GivenConnection(dsn_or_pool, self._timeout)
         else:
             raise TypeError(
                 "dsn_or_pool must be a connection string, a psycopg_pool.ConnectionPool or a "
@@ -189,23 +293,62 @@ class PostgresChatMemoryStore:
             f"keep_history={self.keep_history!r})"
         )
 
+    def check_memory_id(self, memory_id: Hashable) -> None:
+        """Raise ``ValueError`` if this store can't hold ``memory_id``; it does no I/O.
+
+        Every id :func:`~aiservices.stores.store_key` files is held: a key PostgreSQL can't
+        index or store as it is (long, or with a NUL or a lone surrogate) is filed as its
+        digest, with the whole key beside it.
+        """
+        _file_key(memory_id)
+
     # -- schema --------------------------------------------------------------------------
 
     def create_schema(self) -> None:
-        """Create the tables if they are missing, and check their schema version.
+        """Create the tables if they are missing, or upgrade them, and check their version.
 
-        Calls do this on first use; call it to fail early, or to create the tables with
-        a role that may, before handing the database to one that may only write rows.
+        Calls do this on first use; call it to fail early, or to create (or upgrade) the
+        tables with a role that may, before handing the database to one that may only write
+        rows. Tables of schema version 1 gain the column ``full_key`` in
+        ``{table}_conversations``, and their conversations whose key is now a digest are
+        refiled under it, in one transaction.
         """
-        self._run(self._schema_op(), transaction=True, check_schema=False)
+        try:
+            refiled = self._run(self._schema_op(), transaction=True, check_schema=False)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise self._privilege_error(exc) from exc
         self._schema_ready = True
+        self._log_upgrade(refiled)
 
     async def acreate_schema(self) -> None:
         """:meth:`create_schema` for async callers."""
-        await self._arun(self._schema_op(), transaction=True, check_schema=False)
+        try:
+            refiled = await self._arun(self._schema_op(), transaction=True, check_schema=False)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise self._privilege_error(exc) from exc
         self._schema_ready = True
+        self._log_upgrade(refiled)
+
+    def _log_upgrade(self, refiled: int | None) -> None:
+        if refiled is not None:
+            _log.info(
+                "%r: upgraded the tables from schema version 1 to %d, refiling %d "
+                "conversations under the digest of their key",
+                self,
+                SCHEMA_VERSION,
+                refiled,
+            )
+
+    def _privilege_error(self, exc: psycopg.Error) -> StoreSchemaError:
+        return StoreSchemaError(
+            f"the tables of {self.table!r} can't be created or upgraded to schema version "
+            f"{SCHEMA_VERSION} by this role ({_one_line(exc)}); call "
+            "store.create_schema() once as a role that may (the tables' owner), then use them "
+            "with this one"
+        )
 
     def _schema_op(self) -> _Op:
+        # Returns how many conversations an upgrade from version 1 refiled, else None.
         s = self._sql
         yield _Query(s.schema_lock, (s.lock_key,))
         ((schema_table, table),) = yield _Query(
@@ -236,8 +379,33 @@ class PostgresChatMemoryStore:
                 f"table {self.table!r} has schema version {version}, newer than the "
                 f"{SCHEMA_VERSION} this version of aiservices reads; upgrade aiservices"
             )
+        if version == 1:
+            return (yield from self._upgrade_from_1())
         if version < SCHEMA_VERSION:
             raise StoreSchemaError(f"table {self.table!r} has unknown schema version {version}")
+
+    def _upgrade_from_1(self) -> _Op:
+        # Version 1 filed every key as it is, so its tables may hold keys that are digests
+        # now (long ones that compressed well enough to be indexed): refile those, so that
+        # their conversations are found under the key this version looks them up by.
+        s = self._sql
+        yield _Query(s.add_full_key)
+        rows = yield _Query(s.long_keys, (_SHORT_KEY,), fetch=True)
+        old: list[str] = []
+        new: list[str] = []
+        full: list[bytes] = []
+        for (key,) in rows:
+            filed, whole = _file(key)
+            if whole is not None:
+                old.append(key)
+                new.append(filed)
+                full.append(whole)
+        if old:
+            yield _Query(s.rekey_conversations, (old, new, full))
+            yield _Query(s.rekey_window, (old, new))
+            yield _Query(s.rekey_history, (old, new))
+        yield _Query(s.update_version, (str(SCHEMA_VERSION),))
+        return len(old)
 
     # -- the store protocol --------------------------------------------------------------
 
@@ -273,7 +441,7 @@ class PostgresChatMemoryStore:
         history with ``keep_history``), then append ``appended`` after every stored message."""
         op, texts = self._apply_op(memory_id, appended, removed)
         try:
-            self._run(op, transaction=False)
+            self._run(op, transaction=False, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
             raise self._duplicate(memory_id, appended, removed) from None
@@ -356,7 +524,7 @@ class PostgresChatMemoryStore:
     def memory_ids(self) -> Iterator[Hashable]:
         """The ids of the conversations this store holds, each as it was given."""
         rows = self._run(_single(_Query(self._sql.keys, (), fetch=True)), transaction=False)
-        return map(memory_id_of, [key for (key,) in rows])
+        return map(memory_id_of, [_key_of(key, full) for key, full in rows])
 
     # -- async twins ---------------------------------------------------------------------
 
@@ -387,7 +555,7 @@ class PostgresChatMemoryStore:
         """:meth:`apply_changes` for async callers."""
         op, texts = self._apply_op(memory_id, appended, removed)
         try:
-            await self._arun(op, transaction=False)
+            await self._arun(op, transaction=False, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
             raise self._duplicate(memory_id, appended, removed) from None
@@ -417,15 +585,15 @@ class PostgresChatMemoryStore:
     # -- operations ----------------------------------------------------------------------
 
     def _read_op(self, memory_id: Hashable) -> _Op:
-        key = store_key(memory_id)
+        key, _ = _file_key(memory_id)
         return (yield _Query(self._sql.read, (key,), fetch=True))
 
     def _since_op(self, memory_id: Hashable, since: object) -> _Op:
         after = since.after if isinstance(since, WindowRead) else -1
-        return (yield _Query(self._sql.read_since, (after, store_key(memory_id)), fetch=True))
+        return (yield _Query(self._sql.read_since, (after, _file_key(memory_id)[0]), fetch=True))
 
     def _history_op(self, memory_id: Hashable) -> _Op:
-        key = store_key(memory_id)
+        key, _ = _file_key(memory_id)
         return (yield _Query(self._sql.read_history, (key, key), fetch=True))
 
     def _apply_op(
@@ -433,15 +601,16 @@ class PostgresChatMemoryStore:
     ) -> tuple[_Op, list[str]]:
         appended_ids(appended)
         texts = [message_to_json(m) for m in appended]
-        key = store_key(memory_id)
+        key, full = _file_key(memory_id)
         s = self._sql
         history = self.keep_history
         n = len(appended)
         if appended and removed:
             statement = s.apply_evict if history else s.apply_delete
-            query = _Query(statement, (key, n, key, list(removed), n, *_rows(appended, texts)))
+            rows = _rows(appended, texts)
+            query = _Query(statement, (key, n, full, key, list(removed), n, *rows))
         elif appended:
-            query = _Query(s.apply_append, (key, n, n, *_rows(appended, texts)))
+            query = _Query(s.apply_append, (key, n, full, n, *_rows(appended, texts)))
         elif removed:
             query = _Query(s.evict if history else s.delete_ids, (key, list(removed)))
         else:
@@ -456,13 +625,13 @@ class PostgresChatMemoryStore:
         texts = [message_to_json(m) for m in new]
         if not new:
             return self._delete_op(memory_id), new, texts
-        key = store_key(memory_id)
+        key, full = _file_key(memory_id)
         s = self._sql
         history = self.keep_history
         wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
 
         def op() -> _Op:
-            yield _Query(s.allocate, (key, 0))  # the lock, creating the conversation's row
+            yield _Query(s.allocate, (key, 0, full))  # the lock, creating the conversation's row
             stored: _Rows = yield _Query(s.read_window, (key,), fetch=True)
             plan = plan_update(stored, wanted)
             if plan.removed:
@@ -476,7 +645,7 @@ class PostgresChatMemoryStore:
             if not fresh:
                 return
             staying = [*plan.staying, *plan.changed]
-            ((last,),) = yield _Query(s.allocate_returning, (key, len(fresh)), fetch=True)
+            ((last,),) = yield _Query(s.allocate_returning, (key, len(fresh), full), fetch=True)
             seqs = list(range(last - len(fresh) + 1, last + 1))
             stored_ids = set(staying)
             moved = [i for i, m in enumerate(fresh) if m.message_id in stored_ids]
@@ -505,7 +674,7 @@ class PostgresChatMemoryStore:
         return op(), new, texts
 
     def _delete_op(self, memory_id: Hashable) -> _Op:
-        key = store_key(memory_id)
+        key, _ = _file_key(memory_id)
         s = self._sql
         locked = yield _Query(s.lock, (key,), fetch=True)
         if not locked:
@@ -518,7 +687,7 @@ class PostgresChatMemoryStore:
         yield _Query(s.drop_conversation_without_history, (key, key))
 
     def _forget_op(self, memory_id: Hashable) -> _Op:
-        key = store_key(memory_id)
+        key, _ = _file_key(memory_id)
         s = self._sql
         yield _Query(s.lock, (key,))
         yield _Query(s.delete_all, (key,))
@@ -527,52 +696,118 @@ class PostgresChatMemoryStore:
 
     # -- drivers -------------------------------------------------------------------------
 
-    def _run(self, op: _Op, *, transaction: bool, check_schema: bool = True) -> Any:
+    def _run(
+        self, op: _Op, *, transaction: bool, write: bool = False, check_schema: bool = True
+    ) -> Any:
+        # transaction: the op's statements are one transaction; write: its one statement
+        # writes, and is committed only once its result is in (see _drive).
         if check_schema and not self._schema_ready:
             with self._schema_lock:
                 if not self._schema_ready:
                     self.create_schema()
         source = self._source
-        with source.connection() as conn:
+        deadline = time.monotonic() + self._timeout
+        with source.connection(deadline) as conn:
+            alarm = _WATCHDOG.arm(conn, deadline)
             try:
-                return _drive(conn, op, transaction=transaction)
-            except psycopg.OperationalError:
-                if conn.closed:  # the connection broke, not just the statement
-                    source.purge()
+                return _drive(conn, op, transaction=transaction, write=write)
+            except psycopg.Error as exc:
+                if _WATCHDOG.disarm(alarm):
+                    raise self._no_answer(source.where) from exc
+                if isinstance(exc, psycopg.OperationalError) and conn.closed:
+                    source.purge()  # the connection broke, not just the statement
                 raise
+            finally:
+                if _WATCHDOG.disarm(alarm):
+                    # Cut as the answer came, or after another error: the connection is of
+                    # no more use, and a pool replaces a closed one.
+                    conn.close()
 
-    async def _arun(self, op: _Op, *, transaction: bool, check_schema: bool = True) -> Any:
+    async def _arun(
+        self, op: _Op, *, transaction: bool, write: bool = False, check_schema: bool = True
+    ) -> Any:
         pool = self._apool()
         if pool is None:
             return await asyncio.to_thread(
-                self._run, op, transaction=transaction, check_schema=check_schema
+                self._run, op, transaction=transaction, write=write, check_schema=check_schema
             )
         if check_schema and not self._schema_ready:
             await self.acreate_schema()
-        async with _aconnection(pool) as conn:
+        deadline = time.monotonic() + self._timeout
+        async with self._aconnection(pool, deadline) as conn:
+            alarm = _WATCHDOG.arm(conn, deadline)
             try:
-                return await _adrive(conn, op, transaction=transaction)
-            except psycopg.OperationalError:
-                if conn.closed:  # the connection broke, not just the statement
+                return await _adrive(conn, op, transaction=transaction, write=write)
+            except psycopg.Error as exc:
+                if _WATCHDOG.disarm(alarm):
+                    raise self._no_answer(self._awhere(pool)) from exc
+                if (
+                    isinstance(exc, psycopg.OperationalError)
+                    and conn.closed
+                    and pool is self._async_pool
+                ):
+                    # The connection broke: drop the idle ones of a pool passed in that
+                    # broke with it. (The store's own pools check each as they hand it out;
+                    # a round trip to every idle one could wait on a frozen server.)
                     await pool.check()
                 raise
+            finally:
+                if _WATCHDOG.disarm(alarm):
+                    await conn.close()
+
+    @asynccontextmanager
+    async def _aconnection(
+        self, pool: AsyncConnectionPool[Any], deadline: float
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if pool.closed:
+            await pool.open()  # a pool made for this loop, on its first call
+        connector = self._connector
+        if pool is self._async_pool or connector is None:
+            try:
+                conn = await pool.getconn(timeout=_left(deadline))
+            except PoolTimeout as exc:
+                raise _busy(_pool_where(pool), self._timeout, pool.max_size, None) from exc
+            pooled = True
+        else:
+            conn, pooled = await connector.atake(pool, deadline, self._max_connections)
+        try:
+            yield conn
+        finally:
+            if pooled:
+                await pool.putconn(conn)
+            else:
+                await conn.close()
+
+    def _awhere(self, pool: AsyncConnectionPool[Any]) -> str:
+        if pool is not self._async_pool and self._connector is not None:
+            return self._connector.where
+        return _pool_where(pool)
+
+    def _no_answer(self, where: str) -> psycopg.OperationalError:
+        return psycopg.OperationalError(
+            f"the PostgreSQL server at {where} did not answer within {self._timeout:g} s "
+            "(the store's timeout), so the call gave up and closed its connection; check that "
+            "the server is running and reachable, or pass a larger timeout= if it is only slow"
+        )
 
     def _apool(self) -> AsyncConnectionPool[Any] | None:
         if self._async_pool is not None:
             return self._async_pool
-        if self._dsn is None:
+        connector = self._connector
+        if connector is None:
             return None
-        dsn = self._dsn
         # An asyncio connection belongs to the event loop that opened it: one pool per loop.
         return self._loop_pools.get(
             lambda: AsyncConnectionPool(
-                dsn,
+                connector.dsn,
+                connection_class=connector.async_class,
                 min_size=1,
                 max_size=self._max_connections,
-                kwargs={"autocommit": True},
+                kwargs=connector.kwargs,
+                configure=connector.aconfigure,
                 timeout=self._timeout,
-                reconnect_timeout=self._timeout,
-                check=_acheck_idle,
+                reconnect_timeout=_RECONNECT,
+                check=connector.acheck_idle,
                 open=False,
                 name=f"aiservices:{self.table}:async",
             )
@@ -643,7 +878,7 @@ class PostgresChatMemoryStore:
         self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
     ) -> ValueError:
         # The write was rolled back; find which appended id is stored, to name it.
-        key = store_key(memory_id)
+        key, _ = _file_key(memory_id)
         ids = [m.message_id for m in appended]
         try:
             rows = self._run(
@@ -675,13 +910,32 @@ def _rows(messages: Sequence[ChatMessage], texts: Sequence[str]) -> tuple[list[A
     return [m.message_id for m in messages], [m.turn_id for m in messages], created, list(texts)
 
 
-def _drive(conn: psycopg.Connection[Any], op: _Op, *, transaction: bool) -> Any:
-    # On an autocommit connection a single statement is its own transaction; otherwise one
-    # is opened and ended here, so that none is left open.
-    if not transaction and conn.autocommit:
+def _drive(conn: psycopg.Connection[Any], op: _Op, *, transaction: bool, write: bool) -> Any:
+    # On an autocommit connection a read of one statement is its own transaction; otherwise
+    # one is opened and ended here, so that none is left open.
+    if not (transaction or write) and conn.autocommit:
         return _steps(conn, op)
-    with conn.transaction():
-        return _steps(conn, op)
+    if transaction or not conn.autocommit:
+        with conn.transaction():  # psycopg commits once the statements' results are in
+            return _steps(conn, op)
+    # A write of one statement: in autocommit the server would commit it as it runs it,
+    # even if it ran it only after the call had given up (a frozen server that goes on),
+    # behind the caller's back. BEGIN goes with the statement, in one round trip, and
+    # COMMIT only once its result is in: a statement cut off is rolled back.
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            result = _steps(conn, op)
+    except BaseException:
+        if conn.info.transaction_status in _OPEN:
+            with suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+_OPEN: Final = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
 
 def _steps(conn: psycopg.Connection[Any], op: _Op) -> Any:
@@ -695,11 +949,25 @@ def _steps(conn: psycopg.Connection[Any], op: _Op) -> Any:
         rows = cursor.fetchall() if query.fetch else None
 
 
-async def _adrive(conn: psycopg.AsyncConnection[Any], op: _Op, *, transaction: bool) -> Any:
-    if not transaction and conn.autocommit:
+async def _adrive(
+    conn: psycopg.AsyncConnection[Any], op: _Op, *, transaction: bool, write: bool
+) -> Any:
+    if not (transaction or write) and conn.autocommit:
         return await _asteps(conn, op)
-    async with conn.transaction():
-        return await _asteps(conn, op)
+    if transaction or not conn.autocommit:
+        async with conn.transaction():
+            return await _asteps(conn, op)
+    try:
+        async with conn.pipeline():
+            await conn.execute("BEGIN")
+            result = await _asteps(conn, op)
+    except BaseException:
+        if conn.info.transaction_status in _OPEN:
+            with suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
+    return result
 
 
 async def _asteps(conn: psycopg.AsyncConnection[Any], op: _Op) -> Any:
@@ -713,16 +981,6 @@ async def _asteps(conn: psycopg.AsyncConnection[Any], op: _Op) -> Any:
         rows = await cursor.fetchall() if query.fetch else None
 
 
-@asynccontextmanager
-async def _aconnection(
-    pool: AsyncConnectionPool[Any],
-) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    if pool.closed:
-        await pool.open()  # a pool made for this loop, on its first call
-    async with pool.connection() as conn:
-        yield conn
-
-
 def _readable(fd: int) -> bool:
     if hasattr(select, "poll"):
         poll = select.poll()
@@ -731,24 +989,199 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-# An idle connection has nothing to read, unless its server closed it (or is closing it,
-# saying why), as when the server restarted while the connection sat in the pool. Only
-# then is the connection tested with a round trip, and replaced if it fails.
-def _check_idle(conn: psycopg.Connection[Any]) -> None:
-    if _readable(conn.fileno()):
-        ConnectionPool.check_connection(conn)
+def _left(deadline: float, most: float = math.inf) -> float:
+    """Seconds to wait until ``deadline``, at most ``most``; never 0, which pools refuse."""
+    return max(min(deadline - time.monotonic(), most), 0.001)
 
 
-async def _acheck_idle(conn: psycopg.AsyncConnection[Any]) -> None:
-    if _readable(conn.fileno()):
-        await AsyncConnectionPool.check_connection(conn)
+def _whole_seconds(seconds: float) -> int:
+    # libpq reads connect_timeout in whole seconds, below 2 as 2, and 0 as "no limit".
+    return max(2, math.ceil(seconds))
+
+
+def _check_seconds(name: str, value: object, other: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"{name} must be > 0 seconds{', ' + other if other else ''}, got {value!r}"
+        )
+
+
+class _Connector:
+    """How a store connects from its DSN, and what its last attempt to connect found."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        settings: dict[str, float | None],
+    ) -> None:
+        self.dsn = dsn
+        self.where = _redact(dsn)
+        self.timeout = timeout
+        self.connect_timeout = float(connect_timeout)
+        self.kwargs: dict[str, Any] = {
+            **_tcp_defaults(dsn),
+            "autocommit": True,
+            "connect_timeout": _whole_seconds(connect_timeout),
+        }
+        chosen = {name: value for name, value in settings.items() if value is not None}
+        self._settings = (
+            "SELECT " + ", ".join(f"set_config('{name}', %s, false)" for name in chosen)
+            if chosen
+            else None
+        )
+        self._values = [str(max(1, round(value * 1000))) for value in chosen.values()]
+        # The error of the last attempt to connect, by the pools or by a call; None once
+        # one succeeds.
+        self.failure: psycopg.OperationalError | None = None
+        self.connection_class = _tracked(self)
+        self.async_class = _atracked(self)
+
+    # -- a connection for a call -------------------------------------------------------
+
+    def take(
+        self, pool: ConnectionPool[Any], deadline: float, max_connections: int
+    ) -> tuple[psycopg.Connection[Any], bool]:
+        """A connection for a call, and whether it is the pool's (else the call closes it)."""
+        if self.failure is None:
+            try:
+                return pool.getconn(timeout=_left(deadline, _GRACE)), True
+            except PoolTimeout:
+                pass
+            if self.failure is None:  # the pool is busy, or still connecting: wait on
+                try:
+                    return pool.getconn(timeout=_left(deadline)), True
+                except PoolTimeout as exc:
+                    raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
+        # The server refused or ignored the last attempt to connect. The pool would try
+        # again only after a pause; the call tries now, to use the connection or say why
+        # there is none.
+        return self.connect(deadline), False
+
+    async def atake(
+        self, pool: AsyncConnectionPool[Any], deadline: float, max_connections: int
+    ) -> tuple[psycopg.AsyncConnection[Any], bool]:
+        """:meth:`take` for an async pool."""
+        if self.failure is None:
+            try:
+                return await pool.getconn(timeout=_left(deadline, _GRACE)), True
+            except PoolTimeout:
+                pass
+            if self.failure is None:
+                try:
+                    return await pool.getconn(timeout=_left(deadline)), True
+                except PoolTimeout as exc:
+                    raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
+        return await self.aconnect(deadline), False
+
+    def connect(self, deadline: float) -> psycopg.Connection[Any]:
+        """A connection of the call's own, or the error that says why the server gave none."""
+        start = time.monotonic()
+        try:
+            conn = self.connection_class.connect(self.dsn, **self._kwargs_until(deadline))
+        except psycopg.OperationalError as exc:
+            raise _unreachable(self.where, exc, time.monotonic() - start) from exc
+        self.configure(conn)
+        return conn
+
+    async def aconnect(self, deadline: float) -> psycopg.AsyncConnection[Any]:
+        """:meth:`connect` for async callers."""
+        start = time.monotonic()
+        try:
+            conn = await self.async_class.connect(self.dsn, **self._kwargs_until(deadline))
+        except psycopg.OperationalError as exc:
+            raise _unreachable(self.where, exc, time.monotonic() - start) from exc
+        await self.aconfigure(conn)
+        return conn
+
+    def _kwargs_until(self, deadline: float) -> dict[str, Any]:
+        seconds = min(self.connect_timeout, max(deadline - time.monotonic(), 0.0))
+        return {**self.kwargs, "connect_timeout": _whole_seconds(seconds)}
+
+    # -- pool callbacks --------------------------------------------------------------------
+
+    def configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the server-side timeouts on a new connection."""
+        if self._settings is None:
+            return
+        try:
+            with _bounded(conn, self.connect_timeout, "setting the timeouts"):
+                conn.execute(self._settings, self._values)
+        except BaseException:
+            conn.close()  # a pool drops a connection its configure fails on, unclosed
+            raise
+
+    async def aconfigure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`configure` for async pools."""
+        if self._settings is None:
+            return
+        try:
+            with _bounded(conn, self.connect_timeout, "setting the timeouts"):
+                await conn.execute(self._settings, self._values)
+        except BaseException:
+            await conn.close()
+            raise
+
+    # An idle connection has nothing to read, unless its server closed it (or is closing it,
+    # saying why), as when the server restarted while the connection sat in the pool. Only
+    # then is the connection tested with a round trip, and replaced if it fails.
+    def check_idle(self, conn: psycopg.Connection[Any]) -> None:
+        """Test an idle connection that has something to read, as a pool hands it out."""
+        if _readable(conn.fileno()):
+            with _bounded(conn, self.connect_timeout, "a connection check"):
+                ConnectionPool.check_connection(conn)
+
+    async def acheck_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """:meth:`check_idle` for async pools."""
+        if _readable(conn.fileno()):
+            with _bounded(conn, self.connect_timeout, "a connection check"):
+                await AsyncConnectionPool.check_connection(conn)
+
+
+def _tracked(connector: _Connector) -> type[psycopg.Connection[Any]]:
+    """A connection class whose every attempt to connect ``connector`` hears of."""
+
+    class Connection(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                conn = super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError as exc:
+                connector.failure = exc
+                raise
+            connector.failure = None
+            return conn
+
+    return Connection
+
+
+def _atracked(connector: _Connector) -> type[psycopg.AsyncConnection[Any]]:
+    """:func:`_tracked` for async connections."""
+
+    class AsyncConnection(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                conn = await super().connect(conninfo, **kwargs)
+            except psycopg.OperationalError as exc:
+                connector.failure = exc
+                raise
+            connector.failure = None
+            return conn
+
+    return AsyncConnection
 
 
 class _Source:
     """Where the sync methods get a connection."""
 
+    where: str  # the server, as errors name it
+
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, deadline: float) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one call, by ``deadline`` (a ``time.monotonic()``)."""
         raise NotImplementedError
         yield
 
@@ -760,48 +1193,69 @@ class _Source:
 
 
 class _GivenPool(_Source):
-    def __init__(self, pool: ConnectionPool[Any]) -> None:
+    def __init__(self, pool: ConnectionPool[Any], timeout: float) -> None:
         self.pool = pool
+        self.timeout = timeout
+        self.where = _pool_where(pool)
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        with self.pool.connection() as conn:
+    def connection(self, deadline: float) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            conn = self.pool.getconn(timeout=_left(deadline))
+        except PoolTimeout as exc:
+            raise _busy(self.where, self.timeout, self.pool.max_size, None) from exc
+        try:
             yield conn
+        finally:
+            self.pool.putconn(conn)
 
     def purge(self) -> None:
         self.pool.check()
 
 
-class _OwnPool(_GivenPool):
-    def __init__(self, dsn: str, max_connections: int, timeout: float) -> None:
-        super().__init__(
-            ConnectionPool(
-                dsn,
-                min_size=1,
-                max_size=max_connections,
-                kwargs={"autocommit": True},
-                timeout=timeout,
-                # Retrying a lost server in the background backs off (1 s, 2 s, 4 s...):
-                # give up as soon as no call would still wait, and let the next call try
-                # again at once.
-                reconnect_timeout=timeout,
-                check=_check_idle,
-                open=False,
-                name="aiservices",
-            )
+class _OwnPool(_Source):
+    def __init__(self, connector: _Connector, max_connections: int, timeout: float) -> None:
+        self.connector = connector
+        self.where = connector.where
+        self.max_connections = max_connections
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            connector.dsn,
+            connection_class=connector.connection_class,
+            min_size=1,
+            max_size=max_connections,
+            kwargs=connector.kwargs,
+            configure=connector.configure,
+            timeout=timeout,
+            # Retrying a lost server in the background backs off (1 s, 2 s, 4 s...): stop
+            # soon, so that the first call after the server is back starts a new attempt.
+            reconnect_timeout=_RECONNECT,
+            check=connector.check_idle,
+            open=False,
+            name="aiservices",
         )
         self._opened = False
         self._lock = threading.Lock()
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self, deadline: float) -> Iterator[psycopg.Connection[Any]]:
         if not self._opened:
             with self._lock:
                 if not self._opened:
                     self.pool.open()  # connects in the background; calls wait for it
                     self._opened = True
-        with self.pool.connection() as conn:
+        conn, pooled = self.connector.take(self.pool, deadline, self.max_connections)
+        try:
             yield conn
+        finally:
+            if pooled:
+                self.pool.putconn(conn)
+            else:
+                conn.close()
+
+    def purge(self) -> None:
+        # The pool checks a connection as it hands it out; a round trip to each idle one
+        # here could wait on a frozen server.
+        pass
 
     def close(self) -> None:
         with self._lock:
@@ -810,14 +1264,135 @@ class _OwnPool(_GivenPool):
 
 
 class _GivenConnection(_Source):
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], timeout: float) -> None:
         self.conn = conn
+        self.timeout = timeout
+        self.where = _redact(conn.info.dsn)
         self.lock = threading.Lock()
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        with self.lock:
+    def connection(self, deadline: float) -> Iterator[psycopg.Connection[Any]]:
+        if not self.lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise psycopg.OperationalError(
+                f"the connection to the PostgreSQL server at {self.where} that the store was "
+                f"given stayed busy with other calls for {self.timeout:g} s; give the store a "
+                "pool, or a larger timeout="
+            )
+        try:
             yield self.conn
+        finally:
+            self.lock.release()
+
+
+# -- the watchdog ---------------------------------------------------------------------------
+
+_AnyConnection: TypeAlias = "psycopg.Connection[Any] | psycopg.AsyncConnection[Any]"
+
+
+class _Alarm:
+    """A call in flight on ``conn``, and whether its deadline cut the connection."""
+
+    __slots__ = ("at", "conn", "fired")
+
+    def __init__(self, at: float, conn: _AnyConnection) -> None:
+        self.at = at
+        self.conn = conn
+        self.fired = False
+
+
+class _Watchdog:
+    """Cuts the connection of every call still waiting for the server past its deadline.
+
+    One daemon thread serves every store of the process. While calls are in flight (and for
+    ``linger`` seconds after, so that a steady stream of calls doesn't wake it each time) it
+    looks at them every ``tick`` seconds; a call past its deadline has its socket shut down,
+    which wakes the call with an error however the server behaves: a frozen server's kernel
+    still acknowledges what it is sent, so neither TCP keepalives nor a user timeout would.
+    """
+
+    def __init__(self, tick: float = 0.05, linger: float = 10.0) -> None:
+        self.tick = tick
+        self.linger = linger
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)  # the thread did not come along
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._alarms: set[_Alarm] = set()
+        self._thread: threading.Thread | None = None
+        self._sleeping = False
+
+    def arm(self, conn: _AnyConnection, deadline: float) -> _Alarm:
+        """Cut ``conn`` at ``deadline`` (a ``time.monotonic()``) unless disarmed before."""
+        alarm = _Alarm(deadline, conn)
+        with self._cond:
+            self._alarms.add(alarm)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch,
+                    args=(self._cond,),
+                    name="aiservices-postgres-watchdog",
+                    daemon=True,
+                )
+                self._thread.start()
+            elif self._sleeping:
+                self._sleeping = False
+                self._cond.notify()
+        return alarm
+
+    def disarm(self, alarm: _Alarm) -> bool:
+        """Forget ``alarm``; whether it had cut its connection. Calling it again is harmless."""
+        with self._cond:
+            self._alarms.discard(alarm)
+        return alarm.fired
+
+    def _watch(self, cond: threading.Condition) -> None:
+        idle_since = time.monotonic()
+        with cond:
+            while cond is self._cond:  # else the process forked: this thread is gone there
+                now = time.monotonic()
+                if self._alarms:
+                    idle_since = now
+                    for alarm in [a for a in self._alarms if a.at <= now]:
+                        self._alarms.discard(alarm)
+                        alarm.fired = True
+                        _cut(alarm.conn)
+                elif now - idle_since >= self.linger:
+                    self._sleeping = True
+                    cond.wait()
+                    idle_since = time.monotonic()
+                    continue
+                cond.wait(self.tick)
+
+
+def _cut(conn: _AnyConnection) -> None:
+    # The socket is shut down, not closed: the call blocked on it wakes (it reads
+    # end-of-file, and its connection breaks), and the descriptor stays its connection's.
+    try:
+        if conn.closed:
+            return
+        sock = socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, psycopg.Error):
+        return
+    with sock, suppress(OSError):  # closing the duplicate only
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_WATCHDOG: Final = _Watchdog()
+
+
+@contextmanager
+def _bounded(conn: _AnyConnection, seconds: float, what: str) -> Iterator[None]:
+    """Run the block with ``conn`` cut after ``seconds``, raising if it was."""
+    alarm = _WATCHDOG.arm(conn, time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        if _WATCHDOG.disarm(alarm):
+            raise psycopg.OperationalError(
+                f"the server did not answer {what} within {seconds:g} s; connection closed"
+            )
 
 
 class _Statements:
@@ -856,7 +1431,7 @@ class _Statements:
             for statement in (
                 "CREATE TABLE {schema} (name text PRIMARY KEY, value text NOT NULL)",
                 "CREATE TABLE {conversations} (memory_key text PRIMARY KEY, "
-                "last_seq bigint NOT NULL)",
+                "last_seq bigint NOT NULL, full_key bytea)",
                 f"CREATE TABLE {{table}} ({columns}, PRIMARY KEY (memory_key, seq), "
                 "CONSTRAINT {message_id} UNIQUE (memory_key, message_id))",
                 f"CREATE TABLE {{history}} ({columns}, evicted_at timestamptz NOT NULL, "
@@ -887,7 +1462,8 @@ class _Statements:
         )
         # Taking sequence numbers locks the conversation's row until the transaction ends.
         allocate = (
-            "INSERT INTO {conversations} AS c (memory_key, last_seq) VALUES (%s, %s) "
+            "INSERT INTO {conversations} AS c (memory_key, last_seq, full_key) "
+            "VALUES (%s, %s, %s) "
             "ON CONFLICT (memory_key) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq"
         )
         self.allocate = render(allocate)
@@ -946,7 +1522,26 @@ class _Statements:
         )
         self.forget_history = render("DELETE FROM {history} WHERE memory_key = %s")
         self.drop_conversation = render("DELETE FROM {conversations} WHERE memory_key = %s")
-        self.keys = render("SELECT memory_key FROM {conversations}")
+        self.keys = render("SELECT memory_key, full_key FROM {conversations}")
+        # Upgrading version 1: the column, and the conversations to refile under a digest.
+        self.add_full_key = render(
+            "ALTER TABLE {conversations} ADD COLUMN IF NOT EXISTS full_key bytea"
+        )
+        self.long_keys = render(
+            "SELECT memory_key FROM {conversations} WHERE length(memory_key) > %s"
+        )
+        self.rekey_conversations = render(
+            "UPDATE {conversations} AS c SET memory_key = u.new_key, full_key = u.whole "
+            "FROM unnest(%s::text[], %s::text[], %s::bytea[]) AS u(old_key, new_key, whole) "
+            "WHERE c.memory_key = u.old_key"
+        )
+        rekey = (
+            "UPDATE {} AS t SET memory_key = u.new_key FROM unnest(%s::text[], %s::text[]) "
+            "AS u(old_key, new_key) WHERE t.memory_key = u.old_key"
+        )
+        self.rekey_window = render(rekey.replace("{}", "{table}"))
+        self.rekey_history = render(rekey.replace("{}", "{history}"))
+        self.update_version = render("UPDATE {schema} SET value = %s WHERE name = 'version'")
         # Idle: no window row stored and no history row evicted since the cutoff. A row a
         # writer has locked is skipped, and purged next time.
         self.purge = render(
@@ -979,14 +1574,57 @@ def _cutoff(older_than: timedelta) -> datetime:
 
 
 def _redact(dsn: str) -> str:
-    # A password in the DSN never reaches a repr.
+    # A password in the DSN never reaches a repr or an error.
     try:
         params = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         return "<dsn>"
-    if "password" in params:
-        params["password"] = "***"
-    return " ".join(f"{k}={v}" for k, v in params.items())
+    return " ".join(f"{k}={'***' if 'password' in k else v}" for k, v in params.items())
+
+
+def _pool_where(pool: ConnectionPool[Any] | AsyncConnectionPool[Any]) -> str:
+    conninfo = pool.conninfo
+    return _redact(conninfo) if isinstance(conninfo, str) else f"<the pool {pool.name!r}>"
+
+
+def _tcp_defaults(dsn: str) -> dict[str, str]:
+    """The TCP settings of ``_TCP_DEFAULTS`` that the DSN leaves unset."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return {}  # connecting fails, saying what is wrong with the DSN
+    defaults = {k: v for k, v in _TCP_DEFAULTS.items() if k not in given}
+    if psycopg.pq.version() < 120000:
+        defaults.pop("tcp_user_timeout", None)  # libpq 12 added it
+    return defaults
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _unreachable(
+    where: str, error: psycopg.OperationalError, waited: float
+) -> psycopg.OperationalError:
+    # The cause's own class: a ConnectionTimeout stays one.
+    return type(error)(
+        f"the PostgreSQL server at {where} is unreachable: an attempt to connect failed after "
+        f"{waited:.1f} s ({_one_line(error)}); check that the server is running and that the "
+        "DSN's host and port are right"
+    )
+
+
+def _busy(
+    where: str, timeout: float, connections: int, failure: BaseException | None
+) -> PoolTimeout:
+    message = (
+        f"no connection to the PostgreSQL server at {where} within {timeout:g} s (the "
+        f"store's timeout): the {connections} connection(s) of the pool stayed in use, or the "
+        "server accepted no new one in that time; pass a larger max_connections= or timeout="
+    )
+    if failure is not None:
+        message += f" (the last attempt to connect failed: {_one_line(failure)})"
+    return PoolTimeout(message)
 
 
 def _corrupt(memory_id: Hashable, seq: object, reason: str, table: str) -> CorruptMessageError:
@@ -995,7 +1633,7 @@ def _corrupt(memory_id: Hashable, seq: object, reason: str, table: str) -> Corru
         seq,
         reason,
         hint=(
-            f"repair or delete the row with memory_key = {store_key(memory_id)!r} and "
+            f"repair or delete the row with memory_key = {_file_key(memory_id)[0]!r} and "
             f"seq = {seq} in table {table!r} (or {table}_history)"
         ),
     )
