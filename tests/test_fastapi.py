@@ -222,10 +222,14 @@ def test_a_real_server_isolates_requests_keeps_sessions_and_forgets_sockets(
 
 
 def _count(path: Path, memory_id: Any) -> int:
+    # Window and history: forgetting empties the window first, then the history.
     with sqlite3.connect(path) as raw:
-        found = raw.execute(
-            "SELECT count(*) FROM chat_messages WHERE memory_key = ?", (str(memory_id),)
-        ).fetchone()[0]
+        found = sum(
+            raw.execute(
+                f"SELECT count(*) FROM {table} WHERE memory_key = ?", (str(memory_id),)
+            ).fetchone()[0]
+            for table in ("chat_messages", "chat_messages_history")
+        )
     return int(found)
 
 
