@@ -79,3 +79,58 @@ async def test_a_thread_and_a_task_share_the_lock() -> None:
     lock.release()
     await asyncio.to_thread(thread.join)
     assert events == ["thread done", "task got it"]
+
+
+def test_threads_and_tasks_of_two_loops_never_overlap_or_hang() -> None:
+    # Free-lock acquires take no mutex, so a release racing a waiter that is queuing must
+    # still wake it: a lost wake-up would hang this test, an overlap would be counted.
+    lock = TurnLock()
+    inside = 0
+    overlaps = 0
+    done = 0
+
+    def enter() -> None:
+        nonlocal inside, overlaps
+        inside += 1
+        if inside > 1:
+            overlaps += 1
+        time.sleep(0)  # let another thread run while this one holds the lock
+        inside -= 1
+
+    def in_thread() -> None:
+        nonlocal done
+        for i in range(300):
+            if i % 3 == 0 and lock.try_acquire():
+                enter()
+                lock.release()
+                continue
+            lock.acquire()
+            enter()
+            lock.release()
+        done += 1
+
+    def in_loop() -> None:
+        async def task() -> None:
+            for _ in range(150):
+                await lock.aacquire()
+                enter()
+                await asyncio.sleep(0)
+                lock.release()
+
+        async def main() -> None:
+            await asyncio.gather(*(task() for _ in range(3)))
+
+        nonlocal done
+        asyncio.run(main())
+        done += 1
+
+    workers = [threading.Thread(target=in_thread) for _ in range(3)]
+    workers += [threading.Thread(target=in_loop) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "a waiter was never woken"
+    assert done == 5
+    assert overlaps == 0
+    assert not lock.locked

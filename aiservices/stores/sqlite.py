@@ -61,6 +61,7 @@ from ._common import (
     window_since,
     with_message_ids,
 )
+from ._io_thread import IoThread
 
 __all__ = ["SqliteChatMemoryStore"]
 
@@ -201,6 +202,7 @@ class SqliteChatMemoryStore:
         self._closed = False
         self._sql = _Statements(table)
         self._cache = MessageCache()
+        self._io_thread = IoThread(f"aiservices-sqlite:{os.path.basename(raw)}")
         self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
         # Opens the file and checks or creates the schema now; the limit is read once, so
         # that checking an id never opens a connection (on an event loop's thread, say).
@@ -289,6 +291,7 @@ class SqliteChatMemoryStore:
     def close(self) -> None:
         """Close every connection this store opened; using it afterwards is an error."""
         self._closed = True
+        self._io_thread.close()  # the calls already queued run first
         with self._holders_lock:
             holders = list(self._holders)
         for holder in holders:
@@ -391,6 +394,57 @@ class SqliteChatMemoryStore:
             if self.keep_history:
                 conn.execute(sql.evict_all, (key, _now()))
             conn.execute(sql.delete_all, (key,))
+
+    # -- the same, for async callers ------------------------------------------------------
+    # Run in order on this store's own thread (see _io_thread): while it is busy, calls
+    # queue without a thread wake-up each, and their results reach the event loop together.
+
+    async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        """:meth:`get_messages` on the store's thread."""
+        return await self._io().run(self.get_messages, memory_id)
+
+    async def aget_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """:meth:`get_messages_since` on the store's thread."""
+        return await self._io().run(self.get_messages_since, memory_id, since)
+
+    async def aapply_changes(
+        self,
+        memory_id: Hashable,
+        *,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+    ) -> None:
+        """:meth:`apply_changes` on the store's thread: if the caller is cancelled, a call
+        that has not started never runs, and one that has is waited for."""
+        await self._io().run(self._apply, memory_id, appended, removed)
+
+    async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        """:meth:`update_messages` on the store's thread."""
+        await self._io().run(self.update_messages, memory_id, messages)
+
+    async def adelete_messages(self, memory_id: Hashable) -> None:
+        """:meth:`delete_messages` on the store's thread."""
+        await self._io().run(self.delete_messages, memory_id)
+
+    async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
+        """:meth:`get_history` on the store's thread."""
+        return await self._io().run(self.get_history, memory_id)
+
+    async def aforget(self, memory_id: Hashable) -> None:
+        """:meth:`forget` on the store's thread."""
+        await self._io().run(self.forget, memory_id)
+
+    def _apply(
+        self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
+    ) -> None:
+        self.apply_changes(memory_id, appended=appended, removed=removed)
+
+    def _io(self) -> IoThread:
+        if self._closed:
+            raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
+        return self._io_thread
 
     # -- history -------------------------------------------------------------------------
 

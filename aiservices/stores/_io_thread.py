@@ -1,0 +1,180 @@
+"""One thread that runs a store's blocking calls for async callers, in the order they came.
+
+``asyncio.to_thread`` pays for a thread wake-up and an event-loop wake-up on every call. A
+store whose calls are short and serialised anyway (SQLite's writes share one lock) does
+better with a thread of its own: while it is busy, calls queue without waking anyone, and
+the results of the calls it ran back to back reach each event loop in one callback.
+
+Cancellation never tears a call in half: a call still queued when its caller is cancelled
+does not run at all; a call already running is waited for, and the caller then sees its
+``CancelledError``. So a caller that was told "cancelled" knows whether the call ran only
+in one case, a running call, and then the call has ended by the time it is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
+
+__all__ = ["IoThread"]
+
+T = TypeVar("T")
+
+# A call's states; moved under the thread's condition.
+_QUEUED: Final = 0
+_RUNNING: Final = 1
+_DONE: Final = 2
+_SKIPPED: Final = 3
+
+# Results gathered before they are handed to the event loops, while more calls wait.
+_BATCH: Final = 16
+# Seconds the thread waits for a call before it ends; the next call starts another.
+_IDLE: Final = 5.0
+
+
+class _Call:
+    __slots__ = ("args", "function", "future", "loop", "state", "waiter")
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.function = function
+        self.args = args
+        self.loop = loop
+        self.future = future
+        self.state = _QUEUED
+        # Made when a caller is cancelled while the call runs: resolved when it has ended.
+        self.waiter: asyncio.Future[None] | None = None
+
+
+class IoThread:
+    """A daemon thread, started at first use (again in a forked child), that runs calls."""
+
+    __slots__ = ("_calls", "_closed", "_condition", "_name", "_pid", "_thread")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._condition = threading.Condition(threading.Lock())
+        self._calls: deque[_Call] = deque()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the thread; its result, or its exception, raised here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        call = _Call(function, args, loop, future)
+        condition = self._condition
+        with condition:
+            if self._pid != os.getpid():
+                self._after_fork()
+            if self._closed:
+                raise RuntimeError(f"{self._name}: the store is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                self._thread.start()
+            self._calls.append(call)
+            if len(self._calls) == 1:
+                condition.notify()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled():
+                await self._settle(call)
+            raise
+
+    async def _settle(self, call: _Call) -> None:
+        # The caller was cancelled: a queued call is skipped, a running one waited for.
+        with self._condition:
+            if call.state == _QUEUED:
+                call.state = _SKIPPED
+                return
+            if call.state != _RUNNING:
+                return
+            waiter = call.waiter = call.loop.create_future()
+        while not waiter.done():
+            try:
+                await asyncio.shield(waiter)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the call still runs, and is still waited for
+
+    def close(self) -> None:
+        """Let the calls queued so far run, then end the thread; later calls are refused."""
+        with self._condition:
+            self._closed = True
+            thread = self._thread if self._pid == os.getpid() else None
+            self._condition.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _after_fork(self) -> None:
+        # The parent's thread does not exist in a child; its queued calls are the parent's.
+        self._condition = threading.Condition(threading.Lock())
+        self._calls = deque()
+        self._thread = None
+        self._pid = os.getpid()
+
+    def _work(self) -> None:
+        condition, calls = self._condition, self._calls
+        done: list[tuple[_Call, Any, BaseException | None]] = []
+        while True:
+            with condition:
+                while not calls:
+                    if done:
+                        break
+                    if self._closed or not condition.wait(_IDLE):
+                        if calls:
+                            continue
+                        self._thread = None
+                        return
+                call = calls.popleft() if calls else None
+                if call is not None:
+                    if call.state == _SKIPPED:
+                        continue
+                    call.state = _RUNNING
+            if call is None:
+                _deliver_all(done)
+                done = []
+                continue
+            try:
+                done.append((call, call.function(*call.args), None))
+            except BaseException as error:  # handed to the caller, whatever it is
+                done.append((call, None, error))
+            with condition:
+                call.state = _DONE
+            if len(done) >= _BATCH:
+                _deliver_all(done)
+                done = []
+
+
+def _deliver_all(done: list[tuple[_Call, Any, BaseException | None]]) -> None:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, Any, BaseException | None]]] = {}
+    for entry in done:
+        by_loop.setdefault(entry[0].loop, []).append(entry)
+    for loop, results in by_loop.items():
+        # A closed loop raises RuntimeError: nobody waits for these any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_deliver, results)
+
+
+def _deliver(results: list[tuple[_Call, Any, BaseException | None]]) -> None:
+    for call, value, error in results:
+        future = call.future
+        if not future.done():
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
+        waiter = call.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
