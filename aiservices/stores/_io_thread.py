@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
@@ -59,15 +60,18 @@ class _Call:
 class IoThread:
     """A daemon thread, started at first use (again in a forked child), that runs calls."""
 
-    __slots__ = ("_calls", "_closed", "_condition", "_name", "_pid", "_thread")
+    # A forked child starts afresh (see _after_fork_in_child): its parent's thread does not
+    # exist there, and the calls queued in the parent are the parent's.
+
+    __slots__ = ("__weakref__", "_calls", "_closed", "_condition", "_name", "_thread")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._condition = threading.Condition(threading.Lock())
         self._calls: deque[_Call] = deque()
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
         self._closed = False
+        _every.add(self)
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on the thread; its result, or its exception, raised here."""
@@ -76,8 +80,6 @@ class IoThread:
         call = _Call(function, args, loop, future)
         condition = self._condition
         with condition:
-            if self._pid != os.getpid():
-                self._after_fork()
             if self._closed:
                 raise RuntimeError(f"{self._name}: the store is closed")
             if self._thread is None:
@@ -112,17 +114,15 @@ class IoThread:
         """Let the calls queued so far run, then end the thread; later calls are refused."""
         with self._condition:
             self._closed = True
-            thread = self._thread if self._pid == os.getpid() else None
+            thread = self._thread
             self._condition.notify()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _after_fork(self) -> None:
-        # The parent's thread does not exist in a child; its queued calls are the parent's.
         self._condition = threading.Condition(threading.Lock())
         self._calls = deque()
         self._thread = None
-        self._pid = os.getpid()
 
     def _work(self) -> None:
         condition, calls = self._condition, self._calls
@@ -155,6 +155,17 @@ class IoThread:
             if len(done) >= _BATCH:
                 _deliver_all(done)
                 done = []
+
+
+_every: weakref.WeakSet[IoThread] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for io in list(_every):
+        io._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _deliver_all(done: list[tuple[_Call, Any, BaseException | None]]) -> None:

@@ -1,0 +1,178 @@
+"""A store's own thread for async callers: order, errors, cancellation, loops, idle, close."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aiservices import AiMessage, UserMessage
+from aiservices.stores import SqliteChatMemoryStore, _io_thread
+from aiservices.stores._io_thread import IoThread
+
+
+async def test_calls_run_in_order_on_one_thread_and_return_their_results() -> None:
+    io = IoThread("test")
+    ran: list[tuple[int, str]] = []
+
+    def work(i: int) -> int:
+        ran.append((i, threading.current_thread().name))
+        return i * i
+
+    results = await asyncio.gather(*(io.run(work, i) for i in range(50)))
+    assert results == [i * i for i in range(50)]
+    assert [i for i, _ in ran] == list(range(50))
+    assert {name for _, name in ran} == {"test"}
+    io.close()
+
+
+async def test_an_exception_reaches_its_caller_and_the_thread_goes_on() -> None:
+    io = IoThread("test")
+
+    def fail() -> None:
+        raise ValueError("no such row")
+
+    with pytest.raises(ValueError, match="no such row"):
+        await io.run(fail)
+    assert await io.run(lambda: 7) == 7
+    io.close()
+
+
+async def test_a_call_cancelled_while_queued_never_runs() -> None:
+    io = IoThread("test")
+    release = threading.Event()
+    ran: list[str] = []
+    first = asyncio.ensure_future(io.run(release.wait, 10))
+    await asyncio.sleep(0.02)  # the first call holds the thread
+    queued = asyncio.ensure_future(io.run(ran.append, "queued"))
+    await asyncio.sleep(0.01)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    release.set()
+    assert await first is True
+    assert await io.run(ran.append, "later") is None
+    assert ran == ["later"]
+    io.close()
+
+
+async def test_a_call_cancelled_while_running_is_waited_for() -> None:
+    io = IoThread("test")
+    started, release = threading.Event(), threading.Event()
+    ended: list[float] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(10)
+        ended.append(time.monotonic())
+
+    call = asyncio.ensure_future(io.run(slow))
+    while not started.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0.001)
+    call.cancel()
+    await asyncio.sleep(0.05)
+    # Cancelled, but the call still runs: the caller has not been told yet.
+    assert not call.done()
+    call.cancel()  # a second cancel does not cut the wait short either
+    await asyncio.sleep(0.01)
+    assert not call.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert ended, "the caller heard of the cancellation before the call ended"
+    io.close()
+
+
+def test_callers_on_two_event_loops_each_get_their_own_results() -> None:
+    io = IoThread("test")
+    out: dict[int, list[int]] = {}
+
+    def loop_in_thread(k: int) -> None:
+        async def main() -> list[int]:
+            return list(
+                await asyncio.gather(*(io.run(lambda i=i: k * 1000 + i) for i in range(200)))
+            )
+
+        out[k] = asyncio.run(main())
+
+    threads = [threading.Thread(target=loop_in_thread, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {k: [k * 1000 + i for i in range(200)] for k in (1, 2)}
+    io.close()
+
+
+async def test_an_idle_thread_ends_and_the_next_call_starts_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_io_thread, "_IDLE", 0.05)
+    io = IoThread("idle-test")
+    first = await io.run(threading.current_thread)
+    first.join(5)
+    assert not first.is_alive()
+    second = await io.run(threading.current_thread)
+    assert second is not first
+    assert second.name == "idle-test"
+    io.close()
+
+
+async def test_close_runs_what_was_queued_then_refuses_calls() -> None:
+    io = IoThread("test")
+    release = threading.Event()
+    ran: list[int] = []
+    calls = [asyncio.ensure_future(io.run(release.wait, 10))]
+    await asyncio.sleep(0.01)
+    calls += [asyncio.ensure_future(io.run(ran.append, i)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.to_thread(io.close)
+    await asyncio.gather(*calls)
+    assert ran == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="closed"):
+        await io.run(ran.append, 4)
+
+
+# -- through the SQLite store ----------------------------------------------------------
+
+
+async def test_a_closed_sqlite_store_refuses_async_calls(tmp_path: Path) -> None:
+    store = SqliteChatMemoryStore(tmp_path / "chat.db")
+    await store.aapply_changes("a", appended=[UserMessage("hi", message_id="m1")], removed=[])
+    assert await store.aget_messages("a") == [UserMessage("hi")]
+    store.close()
+    with pytest.raises(Exception, match="closed"):
+        await store.aget_messages("a")
+
+
+def test_a_forked_child_gets_a_thread_of_its_own(tmp_path: Path) -> None:
+    path = str(tmp_path / "chat.db")
+    store = SqliteChatMemoryStore(path)
+    asyncio.run(
+        store.aapply_changes("a", appended=[UserMessage("hi", message_id="m1")], removed=[])
+    )
+    context = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[object] = context.Queue()
+    # The parent's store object, used in the child after fork.
+    child = context.Process(target=_fork_uses, args=(store, queue))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == ["hi", "from the child"]
+    assert [m.text for m in store.get_messages("a")] == ["hi", "from the child"]
+    store.close()
+
+
+def _fork_uses(store: SqliteChatMemoryStore, queue: multiprocessing.Queue[object]) -> None:
+    async def main() -> list[str]:
+        await store.aapply_changes(
+            "a", appended=[AiMessage("from the child", message_id="m2")], removed=[]
+        )
+        return [m.text or "" for m in await store.aget_messages("a")]
+
+    queue.put(asyncio.run(main()))
