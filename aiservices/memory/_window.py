@@ -276,10 +276,15 @@ class Window:
             ids.append(mid)
             kept.append(m)
         count = self.count
-        kept_costs = [1] * len(kept) if count is None else [count(m) for m in kept]
-
-        # Counted: now change the window.
-        known.update(zip(ids, kept_costs, strict=True))
+        if count is None:
+            kept_costs = [1] * len(kept)
+            for mid in ids:
+                known[mid] = 1
+        else:
+            kept_costs = [count(m) for m in kept]
+            # Counted: now change the window.
+            for mid, cost in zip(ids, kept_costs, strict=True):
+                known[mid] = cost
         displaced: list[ChatMessage] = []
         msgs = self.msgs
         base = len(msgs)
@@ -349,7 +354,11 @@ class Window:
                 break
             k, stale = self._front(over, limit)
             if k:
-                evicted += self.drop_front(k)
+                front = self.drop_front(k)
+                if evicted:
+                    evicted += front
+                else:
+                    evicted = front
             if not stale:
                 break
             # Tool results further on lost their request: drop them, then count again.
@@ -386,8 +395,9 @@ class Window:
         whole_turns = self.whole_turns
         n = len(msgs)
         k = 0
-        asks: dict[str, int] = {}  # requests of the units evicted so far
-        answers: dict[str, int] = {}  # results evicted so far
+        if tools:
+            asks: dict[str, int] = {}  # requests of the units evicted so far
+            answers: dict[str, int] = {}  # results evicted so far
         while over > 0 and k < n:
             # The unit starting at k ends before j.
             j = k + 1

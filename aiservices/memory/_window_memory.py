@@ -312,11 +312,13 @@ class WindowChatMemory:
             else:
                 window.forget(evicted)
             held = window.known
-            if not held.keys() >= {m.message_id for m in added}:
-                # Evicted by the add that brought it: never stored.
-                batch = {m.message_id for m in added}
-                added = [m for m in added if m.message_id in held]
-                evicted = [m for m in evicted if m.message_id not in batch]
+            for m in added:
+                if m.message_id not in held:
+                    # Evicted by the add that brought it: never stored.
+                    batch = {m.message_id for m in added}
+                    added = [m for m in added if m.message_id in held]
+                    evicted = [m for m in evicted if m.message_id not in batch]
+                    break
             removed += evicted
         if inserted:
             added += inserted
