@@ -45,13 +45,17 @@ class StoreOps:
         if self.check:
             store.check_memory_id(memory_id)
 
-    def read(
-        self, store: Any, memory_id: Hashable, since: object
-    ) -> tuple[list[ChatMessage], object]:
-        """The stored window, and what to pass as ``since`` to the next read."""
+    def reader(self, store: Any) -> Callable[[Hashable, object], tuple[list[ChatMessage], object]]:
+        """The store's read, bound once: ``(memory id, since)`` to the stored window and what
+        to pass as ``since`` to the next read."""
         if self.since:
-            return store.get_messages_since(memory_id, since)  # type: ignore[no-any-return]
-        return store.get_messages(memory_id), None
+            return store.get_messages_since  # type: ignore[no-any-return]
+        get = store.get_messages
+
+        def read(memory_id: Hashable, since: object) -> tuple[list[ChatMessage], object]:
+            return get(memory_id), None
+
+        return read
 
     def write(
         self,

@@ -78,6 +78,7 @@ class WindowChatMemory:
             self._limit_fn = None
         self._store: Any = default_store() if store is None else check_store(store)
         self._ops = store_ops(self._store)
+        self._read = self._ops.reader(self._store)
         # Before any turn: an id the store can't hold fails here, not at the write that
         # follows a paid model call.
         self._ops.check_id(self._store, id)
@@ -127,7 +128,7 @@ class WindowChatMemory:
         lock.acquire()
         try:
             limit = self._read_limit()
-            stored, self._since = self._ops.read(self._store, self._id, self._since)
+            stored, self._since = self._read(self._id, self._since)
             return self._settle(stored, limit)
         except BaseException:
             self._reset()
@@ -420,7 +421,7 @@ class WindowChatMemory:
     def _perform(self, op: int, argument: Any) -> Any:
         ops, store, memory_id = self._ops, self._store, self._id
         if op == READ:
-            stored, self._since = ops.read(store, memory_id, self._since)
+            stored, self._since = self._read(memory_id, self._since)
             return stored
         if op == WRITE:
             ops.write(store, memory_id, *argument)

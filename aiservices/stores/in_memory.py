@@ -79,13 +79,22 @@ class InMemoryChatMemoryStore:
 
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The stored messages, oldest first; ``[]`` for an unknown id."""
+        return self.get_messages_since(memory_id)[0]
+
+    def get_messages_since(
+        self, memory_id: Hashable, since: object = None
+    ) -> tuple[list[ChatMessage], object]:
+        """The stored messages, and ``None``: they are the stored objects themselves, so
+        there is nothing to reuse (the read a window memory makes)."""
         key = store_key(memory_id)
         # acquire/release rather than `with`: this runs on every call of a service.
         lock = self._lock
         lock.acquire()
         try:
             conversation = self._conversations.get(key)
-            return [] if conversation is None else conversation.messages[conversation.start :]
+            if conversation is None:
+                return [], None
+            return conversation.messages[conversation.start :], None
         finally:
             lock.release()
 
