@@ -1457,7 +1457,7 @@ class _Statements:
         )
         all_columns = "memory_key, seq, message_id, turn_id, created_at, stored_at, message"
         new_rows = (
-            "unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[]) "
+            "unnest(%b::text[], %b::text[], %b::timestamptz[], %b::text[]) "
             "WITH ORDINALITY AS u(message_id, turn_id, created_at, message, ord)"
         )
         # Taking sequence numbers locks the conversation's row until the transaction ends.
@@ -1479,7 +1479,7 @@ class _Statements:
             f"u.created_at, u.message FROM c, {new_rows}"
         )
         after_gone = " WHERE (SELECT count(*) FROM gone) >= 0"
-        delete_ids = "DELETE FROM {table} WHERE memory_key = %s AND message_id = ANY(%s)"
+        delete_ids = "DELETE FROM {table} WHERE memory_key = %s AND message_id = ANY(%b)"
         to_history = (
             f"INSERT INTO {{history}} ({all_columns}, evicted_at) "
             f"SELECT {all_columns}, clock_timestamp() FROM gone"
@@ -1500,7 +1500,7 @@ class _Statements:
             "WHERE memory_key = %s AND message_id = ANY(%s)"
         )
         numbered_rows = (
-            "unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::bigint[]) "
+            "unnest(%b::text[], %b::text[], %b::timestamptz[], %b::text[], %b::bigint[]) "
             "AS u(message_id, turn_id, created_at, message, seq)"
         )
         self.insert = render(
