@@ -123,7 +123,7 @@ class Conversations:
         return self._make(memory_id, key)
 
     async def aget(self, memory_id: Hashable, key: str) -> Conversation:
-        """:meth:`get` for a task: a provider that makes a memory runs in a worker thread."""
+        """`get` for a task: a provider that makes a memory runs in a worker thread."""
         entry = self._table.get(key)
         if entry is not None:
             return entry
@@ -141,7 +141,7 @@ class Conversations:
         self._forgot(key)
 
     async def aforget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
-        """:meth:`forget` without blocking the event loop."""
+        """`forget` without blocking the event loop."""
         entry = await self.ahold(entry, memory_id, key)
         try:
             if entry.blocking:
@@ -238,7 +238,7 @@ class Conversations:
     async def ahold(
         self, entry: Conversation, memory_id: Hashable, key: str | None
     ) -> Conversation:
-        """:meth:`hold` for a task: waits without blocking the event loop."""
+        """`hold` for a task: waits without blocking the event loop."""
         while True:
             await entry.lock.aacquire()
             if not entry.retired:

@@ -1,6 +1,6 @@
 """One turn of a service call, written once: memory -> render -> model -> tools -> parse -> commit.
 
-:func:`bind` turns a call's arguments into a :class:`Call`. :func:`turn` is the whole turn
+`bind` turns a call's arguments into a `Call`. `turn` is the whole turn
 as a generator that does no I/O: it yields each operation it needs (``READ`` the memory,
 ask the ``MODEL``, run ``TOOLS``, ``COMMIT`` the turn) to a driver in ``_runner`` and is
 sent the outcome. Every rule lives here: opening the turn, where the system message goes,
@@ -132,7 +132,7 @@ class ServiceState:
         return self._single(memory_id), None
 
     async def aconversation_of(self, memory_id: Hashable) -> tuple[Conversation, str | None]:
-        """:meth:`conversation_of` without blocking the event loop on a provider."""
+        """`conversation_of` without blocking the event loop on a provider."""
         conversations = self.conversations
         if conversations.has_provider:
             key = key_of(memory_id)
@@ -163,7 +163,7 @@ class ServiceState:
         self.conversations.forget(conversation, memory_id, key)
 
     async def aforget(self, memory_id: Hashable) -> None:
-        """:meth:`forget` without blocking the event loop."""
+        """`forget` without blocking the event loop."""
         conversation, key = await self.aconversation_of(memory_id)
         await self.conversations.aforget(conversation, memory_id, key)
 

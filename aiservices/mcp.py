@@ -48,8 +48,8 @@ class McpToolError(Exception):
 
 
 class McpToolset:
-    """The tools of one MCP server, for ``tools=[...]``; make one with :meth:`stdio` or
-    :meth:`http`."""
+    """The tools of one MCP server, for ``tools=[...]``; make one with `stdio` or
+    `http`."""
 
     def __init__(
         self,
@@ -247,7 +247,7 @@ class McpToolset:
                 loop.close()
 
     async def aclose(self) -> None:
-        """:meth:`close` without blocking the event loop."""
+        """`close` without blocking the event loop."""
         await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Self:

@@ -41,15 +41,15 @@ class ChatMemoryAccess(Protocol):
         ...
 
     async def aget_chat_memory(self, memory_id: Hashable) -> ChatMemory:
-        """:meth:`get_chat_memory` for async code: a provider runs in a worker thread."""
+        """`get_chat_memory` for async code: a provider runs in a worker thread."""
         ...
 
     async def aevict_chat_memory(self, memory_id: Hashable) -> None:
-        """:meth:`evict_chat_memory` for async code."""
+        """`evict_chat_memory` for async code."""
         ...
 
     async def aforget(self, memory_id: Hashable) -> None:
-        """:meth:`forget` for async code: waits for the conversation without blocking the
+        """`forget` for async code: waits for the conversation without blocking the
         event loop, and erases a blocking store's data in a worker thread."""
         ...
 

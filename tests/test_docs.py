@@ -180,3 +180,15 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
+
+
+def test_docstrings_use_markdown_not_restructuredtext_roles() -> None:
+    # The API pages render docstrings as Markdown: a `:meth:` role would show as written.
+    role = re.compile(r":(?:meth|func|class|attr|mod|data|exc|obj):`")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "aiservices").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if role.search(line)
+    ]
+    assert not found, "write `name` instead of :meth:`name` in: " + ", ".join(found)

@@ -2,7 +2,7 @@
 
 A window needs four operations: read the window (reusing what an earlier read parsed, when
 the store can), write a delta (append these, remove those), replace the conversation, and
-delete it; each sync and async. :func:`store_ops` resolves a store to them once, by what it
+delete it; each sync and async. `store_ops` resolves a store to them once, by what it
 offers: ``get_messages_since`` for reads that parse only new rows, ``apply_changes`` for
 delta writes, the ``a``-prefixed twins for native async I/O, ``check_memory_id`` to refuse
 an id the store can't hold when a memory is made. A plain three-method store

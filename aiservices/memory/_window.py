@@ -6,7 +6,7 @@ each with its cost: 1 in a message window, its tokens in a token window. Evictio
 whole *units* from the front: a message; an ``AiMessage`` with tool requests together with
 the tool results that follow it; or, with whole turns, a ``UserMessage`` and everything up
 to the next one. What happens to the units that no longer fit is an overflow policy's
-choice: :class:`Evict` drops them; a summarising memory folds them into its lead.
+choice: `Evict` drops them; a summarising memory folds them into its lead.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Window:
     """The messages a conversation's model is shown, and the rules that keep them in a limit.
 
     ``count`` gives a message's cost (``None``: every message costs 1); ``costs`` is the
-    memory's record of costs by :func:`message_key`, so a message is counted once however
+    memory's record of costs by `message_key`, so a message is counted once however
     often the window is rebuilt. ``is_lead`` tells which stored message is the lead.
     """
 

@@ -6,7 +6,7 @@ rules are written once. Store traffic: a read reads once (only the rows newer th
 window when the store can); an add writes one delta, and reads only when the memory holds
 no window yet.
 
-Calibration (``calibrate=True``): after a turn, :meth:`WindowChatMemory.observe_usage`
+Calibration (``calibrate=True``): after a turn, `WindowChatMemory.observe_usage`
 compares the provider's count of the request's input with the memory's estimate of the same
 messages; the ratio divides the limit from then on. The window is trimmed to it at the next
 add, never at a read: a read never hides a message that the store still holds in the window.
@@ -175,11 +175,11 @@ class WindowChatMemory:
         self._run(self._clearing())
 
     async def amessages(self) -> list[ChatMessage]:
-        """:meth:`messages` for async callers: never blocks the event loop on the store."""
+        """`messages` for async callers: never blocks the event loop on the store."""
         return await self._arun(self._reading())  # type: ignore[no-any-return]
 
     async def aadd(self, *messages: ChatMessage) -> None:
-        """:meth:`add` for async callers."""
+        """`add` for async callers."""
         if not messages:
             return
         check_messages(messages, "add")
@@ -204,13 +204,13 @@ class WindowChatMemory:
             self._unlock()
 
     async def aset(self, messages: Iterable[ChatMessage]) -> None:
-        """:meth:`set` for async callers."""
+        """`set` for async callers."""
         given = list(messages)
         check_messages(given, "set")
         await self._arun(self._setting(given))
 
     async def aclear(self) -> None:
-        """:meth:`clear` for async callers."""
+        """`clear` for async callers."""
         await self._arun(self._clearing())
 
     # Calibration.

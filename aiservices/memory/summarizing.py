@@ -1,6 +1,6 @@
 """``SummarizingChatMemory``: folds the oldest turns into one summary that a model writes.
 
-The memory is a window memory whose overflow policy, :class:`Summarize`, never evicts: an
+The memory is a window memory whose overflow policy, `Summarize`, never evicts: an
 add that leaves the window over budget folds the oldest whole turns, with the previous
 summary, into a new summary message before its one store write. The summary is an ordinary
 ``UserMessage`` whose ``message_id`` starts with ``summary-``; it is stored like any message
@@ -213,7 +213,7 @@ class SummarizingChatMemory(WindowChatMemory):
     The newest turn, and any message the same add brings, is never folded: every message
     is stored (and so reaches a store's history) before it is summarised. A summariser that
     raises, or answers with no text, folds nothing: the add stores its messages without the
-    fold, the window stays over budget, :attr:`last_summary_error` keeps the error, and the
+    fold, the window stays over budget, `last_summary_error` keeps the error, and the
     next add tries again. The system message is always shown first. The summariser is
     called inside the add (a service's commit), under the memory's lock; async callers'
     adds await its ``achat`` when it has one.
@@ -283,7 +283,7 @@ class SummarizingChatMemory(WindowChatMemory):
 
     @property
     def is_blocking(self) -> bool:
-        """Always: an add may ask the summarizer, so async callers use :meth:`aadd`."""
+        """Always: an add may ask the summarizer, so async callers use `aadd`."""
         return True
 
     @property

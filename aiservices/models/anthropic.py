@@ -2,7 +2,7 @@
 
 Errors are the SDK's own (``anthropic.AuthenticationError``, ``anthropic.RateLimitError``,
 ...); retries and timeouts are the SDK's too. Also exports
-:class:`AnthropicTokenCountEstimator`.
+`AnthropicTokenCountEstimator`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
     """A chat model served by Anthropic's Messages API.
 
     ``api_key`` defaults to ``ANTHROPIC_API_KEY`` (the SDK's own credential lookup applies).
-    ``max_tokens`` caps each answer, :data:`DEFAULT_MAX_TOKENS` unless set; a request's
+    ``max_tokens`` caps each answer, `DEFAULT_MAX_TOKENS` unless set; a request's
     ``max_output_tokens`` overrides it, as its other parameters override ``temperature``,
     ``top_p`` and ``top_k``. ``extra`` is merged into every request (SDK keyword arguments
     as such, anything else into the request body). ``timeout`` and ``max_retries`` go to the
@@ -180,7 +180,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         return _response(message, output_tool)
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
-        """The async form of :meth:`chat`."""
+        """The async form of `chat`."""
         kwargs, output_tool = self._request(request)
         message = await self._async_client().messages.create(**kwargs)
         return _response(message, output_tool)
@@ -201,7 +201,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         yield acc.response()
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
-        """The async form of :meth:`stream`."""
+        """The async form of `stream`."""
         kwargs, output_tool = self._request(request)
         kwargs["stream"] = True
         acc = _StreamAccumulator(output_tool)

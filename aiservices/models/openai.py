@@ -202,7 +202,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         return _response(completion)
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
-        """The async form of :meth:`chat`."""
+        """The async form of `chat`."""
         completion = await self._async_client().chat.completions.create(**self._request(request))
         return _response(completion)
 
@@ -218,7 +218,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         yield acc.response()
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
-        """The async form of :meth:`stream`."""
+        """The async form of `stream`."""
         kwargs = self._request(request, stream=True)
         acc = _StreamAccumulator()
         chunks = await self._async_client().chat.completions.create(**kwargs)

@@ -66,7 +66,7 @@ def store_key(memory_id: Hashable) -> str:
 
 
 def memory_id_of(key: str) -> Hashable:
-    """The memory id a store filed under ``key`` (see :func:`store_key`), as it was given.
+    """The memory id a store filed under ``key`` (see `store_key`), as it was given.
 
     ``str``, ``int``, ``float``, ``bool`` and ``UUID`` ids come back as they were given;
     an id of another type comes back as its text.

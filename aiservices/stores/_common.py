@@ -128,7 +128,7 @@ _message_id = operator.attrgetter("message_id")
 
 
 def appended_ids(appended: Sequence[ChatMessage]) -> list[str]:
-    """The ``message_id`` of each appended message, checked as :func:`check_appended` does."""
+    """The ``message_id`` of each appended message, checked as `check_appended` does."""
     new_ids = list(map(_message_id, appended))
     # The common case, every id present and distinct, is told apart without a loop in Python.
     n = len(new_ids)

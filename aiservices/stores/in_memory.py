@@ -48,7 +48,7 @@ class InMemoryChatMemoryStore:
 
     ``retention`` (a ``timedelta``) drops conversations that no write has touched for
     longer, so that a long-running process does not keep abandoned conversations forever:
-    :meth:`purge_idle` runs from the first write that starts a conversation (the only
+    `purge_idle` runs from the first write that starts a conversation (the only
     writes that grow the store) once ``min(retention / 10, 1 hour)`` has passed since the
     last purge.
     """

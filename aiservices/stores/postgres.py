@@ -22,12 +22,12 @@ A conversation's key is ``store_key(memory_id)`` where PostgreSQL can index and 
 it is: at most ``MAX_KEY_BYTES`` bytes of UTF-8, with no NUL character and no lone
 surrogate. Any other key is filed as ``"\\x1f#"`` and the SHA-256 of its UTF-8 in hex (lone
 surrogates encoded as Python's ``surrogatepass`` does), and kept whole in ``full_key``: ids
-stay distinct, and :meth:`memory_ids` lists them as given. Version 1 of the schema had no
+stay distinct, and `memory_ids` lists them as given. Version 1 of the schema had no
 ``full_key``; the first use by this version adds it and refiles the keys that are now
-digests (see :meth:`PostgresChatMemoryStore.create_schema`).
+digests (see `PostgresChatMemoryStore.create_schema`).
 
 With ``retention`` (a ``timedelta``), a turn's write deletes now and then (every tenth of
-the period, at most hourly) the conversations idle for longer: see :meth:`purge_idle`.
+the period, at most hourly) the conversations idle for longer: see `purge_idle`.
 
 A turn's write (``apply_changes``) is one statement, sent with its BEGIN in one round trip
 and committed in a second once its result is in (so that a statement the server runs only
@@ -149,7 +149,7 @@ def _file_key(memory_id: Hashable) -> _Key:
 
 
 def _file(key: str) -> _Key:
-    """How a key (a :func:`store_key`) is filed: itself, or its digest and the key in full."""
+    """How a key (a `store_key`) is filed: itself, or its digest and the key in full."""
     if len(key) <= _SHORT_KEY and key.isascii() and "\x00" not in key:
         return key, None  # nearly every id: short ASCII
     try:
@@ -194,7 +194,7 @@ class PostgresChatMemoryStore:
     its async methods an ``AsyncConnectionPool``. Given a pool or connection, async calls use
     ``async_pool`` if given, else run the sync methods in a worker thread. A connection
     passed in is used by one call at a time, as is: with autocommit off, writes join any
-    transaction open on it. What the store made, :meth:`close` (or :meth:`aclose`) closes.
+    transaction open on it. What the store made, `close` (or `aclose`) closes.
 
     Waits are bounded. ``timeout`` is how many seconds a call may take, waiting for a
     connection and then for the server's answers, before it raises
@@ -206,9 +206,9 @@ class PostgresChatMemoryStore:
     the server's setting). When the server refused or ignored the last attempt to connect,
     a call tries it once itself rather than wait, and raises at once if it still fails.
 
-    The tables are created on first use, or by :meth:`create_schema`. With
+    The tables are created on first use, or by `create_schema`. With
     ``keep_history=True``, messages leaving the window move to the history table instead of
-    being deleted; :meth:`get_history` reads the whole transcript and :meth:`forget` erases
+    being deleted; `get_history` reads the whole transcript and `forget` erases
     it. Errors are psycopg's own. A pooled connection that the server closed while it sat
     idle, as when the server restarted, is replaced before a call gets it.
     """
@@ -296,7 +296,7 @@ class PostgresChatMemoryStore:
     def check_memory_id(self, memory_id: Hashable) -> None:
         """Raise ``ValueError`` if this store can't hold ``memory_id``; it does no I/O.
 
-        Every id :func:`~aiservices.stores.store_key` files is held: a key PostgreSQL can't
+        Every id `aiservices.stores.store_key` files is held: a key PostgreSQL can't
         index or store as it is (long, or with a NUL or a lone surrogate) is filed as its
         digest, with the whole key beside it.
         """
@@ -321,7 +321,7 @@ class PostgresChatMemoryStore:
         self._log_upgrade(refiled)
 
     async def acreate_schema(self) -> None:
-        """:meth:`create_schema` for async callers."""
+        """`create_schema` for async callers."""
         try:
             refiled = await self._arun(self._schema_op(), transaction=True, check_schema=False)
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -483,7 +483,7 @@ class PostgresChatMemoryStore:
 
         A conversation is idle since its last write: the newest message stored, or the
         newest eviction into history. Its window, history and counter go, as with
-        :meth:`forget`; a conversation a writer holds at that moment is left for the next
+        `forget`; a conversation a writer holds at that moment is left for the next
         purge. One transaction at ``REPEATABLE READ``: a write that lands while it runs
         makes it fail with ``psycopg.errors.SerializationFailure`` rather than erase what
         was just written (the periodic purge logs that and tries again next interval). It
@@ -492,7 +492,7 @@ class PostgresChatMemoryStore:
         return int(self._run(self._purge_op(older_than), transaction=True))
 
     async def apurge_idle(self, older_than: timedelta) -> int:
-        """:meth:`purge_idle` for async callers."""
+        """`purge_idle` for async callers."""
         return int(await self._arun(self._purge_op(older_than), transaction=True))
 
     def _purge_op(self, older_than: timedelta) -> _Op:
@@ -529,14 +529,14 @@ class PostgresChatMemoryStore:
     # -- async twins ---------------------------------------------------------------------
 
     async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
-        """:meth:`get_messages` for async callers."""
+        """`get_messages` for async callers."""
         rows = await self._arun(self._read_op(memory_id), transaction=False)
         return self._parse(memory_id, rows) if rows else []
 
     async def aget_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """:meth:`get_messages_since` for async callers."""
+        """`get_messages_since` for async callers."""
         rows = await self._arun(self._since_op(memory_id, since), transaction=False)
         read = window_since(rows, since, self._parser(memory_id, rows))
         if read is None:
@@ -552,7 +552,7 @@ class PostgresChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
     ) -> None:
-        """:meth:`apply_changes` for async callers."""
+        """`apply_changes` for async callers."""
         op, texts = self._apply_op(memory_id, appended, removed)
         try:
             await self._arun(op, transaction=False, write=True)
@@ -564,22 +564,22 @@ class PostgresChatMemoryStore:
             await self._apurge_by_retention()
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
-        """:meth:`update_messages` for async callers."""
+        """`update_messages` for async callers."""
         op, new, texts = self._update_op(memory_id, messages)
         await self._arun(op, transaction=True)
         self._cache.remember(texts, new)
 
     async def adelete_messages(self, memory_id: Hashable) -> None:
-        """:meth:`delete_messages` for async callers."""
+        """`delete_messages` for async callers."""
         await self._arun(self._delete_op(memory_id), transaction=True)
 
     async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
-        """:meth:`get_history` for async callers."""
+        """`get_history` for async callers."""
         rows = await self._arun(self._history_op(memory_id), transaction=False)
         return self._history(memory_id, rows)
 
     async def aforget(self, memory_id: Hashable) -> None:
-        """:meth:`forget` for async callers."""
+        """`forget` for async callers."""
         await self._arun(self._forget_op(memory_id), transaction=True)
 
     # -- operations ----------------------------------------------------------------------
@@ -820,7 +820,7 @@ class PostgresChatMemoryStore:
 
         An async pool is closed in its own event loop: at once if that loop is idle, soon if
         it is running; one whose loop has already closed can no longer be closed (call
-        :meth:`aclose` in the loop before it ends).
+        `aclose` in the loop before it ends).
         """
         for loop, pool in self._loop_pools.pop_all():
             close_in_loop(loop, pool.close)
@@ -1063,7 +1063,7 @@ class _Connector:
     async def atake(
         self, pool: AsyncConnectionPool[Any], deadline: float, max_connections: int
     ) -> tuple[psycopg.AsyncConnection[Any], bool]:
-        """:meth:`take` for an async pool."""
+        """`take` for an async pool."""
         if self.failure is None:
             try:
                 return await pool.getconn(timeout=_left(deadline, _GRACE)), True
@@ -1087,7 +1087,7 @@ class _Connector:
         return conn
 
     async def aconnect(self, deadline: float) -> psycopg.AsyncConnection[Any]:
-        """:meth:`connect` for async callers."""
+        """`connect` for async callers."""
         start = time.monotonic()
         try:
             conn = await self.async_class.connect(self.dsn, **self._kwargs_until(deadline))
@@ -1114,7 +1114,7 @@ class _Connector:
             raise
 
     async def aconfigure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """:meth:`configure` for async pools."""
+        """`configure` for async pools."""
         if self._settings is None:
             return
         try:
@@ -1134,7 +1134,7 @@ class _Connector:
                 ConnectionPool.check_connection(conn)
 
     async def acheck_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """:meth:`check_idle` for async pools."""
+        """`check_idle` for async pools."""
         if _readable(conn.fileno()):
             with _bounded(conn, self.connect_timeout, "a connection check"):
                 await AsyncConnectionPool.check_connection(conn)
@@ -1158,7 +1158,7 @@ def _tracked(connector: _Connector) -> type[psycopg.Connection[Any]]:
 
 
 def _atracked(connector: _Connector) -> type[psycopg.AsyncConnection[Any]]:
-    """:func:`_tracked` for async connections."""
+    """`_tracked` for async connections."""
 
     class AsyncConnection(psycopg.AsyncConnection[Any]):
         @classmethod

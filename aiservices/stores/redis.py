@@ -308,13 +308,13 @@ class RedisChatMemoryStore:
     makes a client for its sync methods and, in each event loop that calls its async methods,
     a ``redis.asyncio`` client (a cluster client for a cluster URL). Given a client, async
     calls use ``async_client`` if given, else run the sync methods in a worker thread.
-    Clients made from a URL are closed by :meth:`close` (or :meth:`aclose`); clients passed
+    Clients made from a URL are closed by `close` (or `aclose`); clients passed
     in are left open.
 
     ``key_prefix`` starts every key the store writes. ``ttl`` (seconds or a ``timedelta``)
     makes a conversation expire that long after its last write, history included. With
     ``keep_history=True``, messages leaving the window move to a history list instead of
-    being deleted; :meth:`get_history` reads the whole transcript and :meth:`forget` erases
+    being deleted; `get_history` reads the whole transcript and `forget` erases
     it.
 
     ``socket_connect_timeout`` and ``socket_timeout`` (seconds, 5 each; ``None``: no limit,
@@ -553,7 +553,7 @@ class RedisChatMemoryStore:
     # -- async twins ---------------------------------------------------------------------
 
     async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
-        """:meth:`get_messages` for async callers."""
+        """`get_messages` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.get_messages, memory_id)
@@ -563,7 +563,7 @@ class RedisChatMemoryStore:
     async def aget_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """:meth:`get_messages_since` for async callers."""
+        """`get_messages_since` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.get_messages_since, memory_id, since)
@@ -584,7 +584,7 @@ class RedisChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
     ) -> None:
-        """:meth:`apply_changes` for async callers."""
+        """`apply_changes` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(
@@ -599,7 +599,7 @@ class RedisChatMemoryStore:
         return None
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
-        """:meth:`update_messages` for async callers."""
+        """`update_messages` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.update_messages, memory_id, messages)
@@ -619,7 +619,7 @@ class RedisChatMemoryStore:
         return None
 
     async def adelete_messages(self, memory_id: Hashable) -> None:
-        """:meth:`delete_messages` for async callers."""
+        """`delete_messages` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.delete_messages, memory_id)
@@ -631,7 +631,7 @@ class RedisChatMemoryStore:
         return None
 
     async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
-        """:meth:`get_history` for async callers."""
+        """`get_history` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.get_history, memory_id)
@@ -641,7 +641,7 @@ class RedisChatMemoryStore:
         return self._history(memory_id, keys, raw)
 
     async def aforget(self, memory_id: Hashable) -> None:
-        """:meth:`forget` for async callers."""
+        """`forget` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(self.forget, memory_id)
@@ -712,7 +712,7 @@ class RedisChatMemoryStore:
 
         An async client is closed in its own event loop: at once if that loop is idle, soon
         if it is running; one whose loop has already closed can no longer be closed (call
-        :meth:`aclose` in the loop before it ends).
+        `aclose` in the loop before it ends).
         """
         for loop, client in self._loop_clients.pop_all():
             close_in_loop(loop, client.aclose)
@@ -757,7 +757,7 @@ class RedisChatMemoryStore:
     async def _acall(
         self, client: _AsyncClient, script: _Script, keys: _Keys, args: Sequence[Any]
     ) -> Any:
-        """:meth:`_call` on an async client."""
+        """`_call` on an async client."""
         try:
             try:
                 return await client.execute_command("EVALSHA", script.sha, 5, *keys, *args, **_RAW)
@@ -804,7 +804,7 @@ class RedisChatMemoryStore:
         return _by(clock, started, self._fence)
 
     async def _adeadline(self, client: _AsyncClient, keys: _Keys, started: float) -> str:
-        """:meth:`_deadline` for a write sent by ``client``."""
+        """`_deadline` for a write sent by ``client``."""
         if self._afence is None:
             return "0"
         clock = self._known_clock(keys, started)

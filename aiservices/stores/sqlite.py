@@ -18,7 +18,7 @@ Schema (``table`` defaults to ``chat_messages``)::
 Both message tables are ``WITHOUT ROWID``, so a conversation's window is one contiguous
 range of the primary key, never mixed with its history.
 
-Retention: :meth:`SqliteChatMemoryStore.purge_idle` deletes the conversations (window and
+Retention: `SqliteChatMemoryStore.purge_idle` deletes the conversations (window and
 history) that no write has touched for a while; ``retention=`` runs it now and then from
 writes. A conversation's last activity is its newest row's ``stored_at`` or its newest
 history row's ``evicted_at``, whichever is later.
@@ -142,16 +142,16 @@ class SqliteChatMemoryStore:
     ``path`` is the database file, created with its tables if absent. With
     ``keep_history=True``, messages leaving the window move to a history table instead of
     being deleted (``delete_messages`` then empties the window and keeps the history);
-    :meth:`get_history` reads the whole transcript and :meth:`forget` erases it. ``timeout``
+    `get_history` reads the whole transcript and `forget` erases it. ``timeout``
     is how many seconds a writer waits for another process's write; ``synchronous`` is
     SQLite's durability setting (``"NORMAL"`` survives a crash of the application, ``"FULL"``
     also a power cut). Several stores, with different ``table`` names, may share one file.
 
     ``retention`` (a ``timedelta``) deletes conversations idle for longer, history and all:
-    :meth:`purge_idle` runs when the store opens, then from the first write after
+    `purge_idle` runs when the store opens, then from the first write after
     ``min(retention / 10, 1 hour)`` has passed since the last purge, in the writing thread
     once its transaction has committed (a purge that fails is logged, and the write still
-    succeeds). Without it nothing is deleted by age; call :meth:`purge_idle` from a
+    succeeds). Without it nothing is deleted by age; call `purge_idle` from a
     scheduled job instead when no write may wait for a purge.
 
     Within a conversation every message has its own ``message_id``: ``update_messages``
@@ -400,13 +400,13 @@ class SqliteChatMemoryStore:
     # queue without a thread wake-up each, and their results reach the event loop together.
 
     async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
-        """:meth:`get_messages` on the store's thread."""
+        """`get_messages` on the store's thread."""
         return await self._io().run(self.get_messages, memory_id)
 
     async def aget_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """:meth:`get_messages_since` on the store's thread."""
+        """`get_messages_since` on the store's thread."""
         return await self._io().run(self.get_messages_since, memory_id, since)
 
     async def aapply_changes(
@@ -416,24 +416,24 @@ class SqliteChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
     ) -> None:
-        """:meth:`apply_changes` on the store's thread: if the caller is cancelled, a call
+        """`apply_changes` on the store's thread: if the caller is cancelled, a call
         that has not started never runs, and one that has is waited for."""
         await self._io().run(self._apply, memory_id, appended, removed)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
-        """:meth:`update_messages` on the store's thread."""
+        """`update_messages` on the store's thread."""
         await self._io().run(self.update_messages, memory_id, messages)
 
     async def adelete_messages(self, memory_id: Hashable) -> None:
-        """:meth:`delete_messages` on the store's thread."""
+        """`delete_messages` on the store's thread."""
         await self._io().run(self.delete_messages, memory_id)
 
     async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
-        """:meth:`get_history` on the store's thread."""
+        """`get_history` on the store's thread."""
         return await self._io().run(self.get_history, memory_id)
 
     async def aforget(self, memory_id: Hashable) -> None:
-        """:meth:`forget` on the store's thread."""
+        """`forget` on the store's thread."""
         await self._io().run(self.forget, memory_id)
 
     def _apply(
@@ -515,7 +515,7 @@ class SqliteChatMemoryStore:
 
         A conversation is idle since its last write: the newest message stored, or the
         newest eviction into history. Its window and its history go, as with
-        :meth:`forget`. One transaction; it reads every row's time, so on a large file run
+        `forget`. One transaction; it reads every row's time, so on a large file run
         it now and then, not every turn.
         """
         if not isinstance(older_than, timedelta):
