@@ -3,7 +3,8 @@
 ``asyncio.to_thread`` pays for a thread wake-up and an event-loop wake-up on every call. A
 store whose calls are short and serialised anyway (SQLite's writes share one lock) does
 better with a thread of its own: while it is busy, calls queue without waking anyone, and
-the results of the calls it ran back to back reach each event loop in one callback.
+the results that come in before an event loop has taken the last ones reach it in one
+callback.
 
 Cancellation never tears a call in half: a call still queued when its caller is cancelled
 does not run at all; a call already running is waited for, and the caller then sees its
@@ -14,7 +15,6 @@ in one case, a running call, and then the call has ended by the time it is told.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 import weakref
@@ -32,14 +32,12 @@ _RUNNING: Final = 1
 _DONE: Final = 2
 _SKIPPED: Final = 3
 
-# Results gathered before they are handed to the event loops, while more calls wait.
-_BATCH: Final = 16
 # Seconds the thread waits for a call before it ends; the next call starts another.
 _IDLE: Final = 5.0
 
 
 class _Call:
-    __slots__ = ("args", "function", "future", "loop", "state", "waiter")
+    __slots__ = ("args", "error", "function", "future", "loop", "state", "value", "waiter")
 
     def __init__(
         self,
@@ -50,6 +48,8 @@ class _Call:
     ) -> None:
         self.function = function
         self.args = args
+        self.value: Any = None
+        self.error: BaseException | None = None
         self.loop = loop
         self.future = future
         self.state = _QUEUED
@@ -63,12 +63,15 @@ class IoThread:
     # A forked child starts afresh (see _after_fork_in_child): its parent's thread does not
     # exist there, and the calls queued in the parent are the parent's.
 
-    __slots__ = ("__weakref__", "_calls", "_closed", "_condition", "_name", "_thread")
+    __slots__ = ("__weakref__", "_calls", "_closed", "_condition", "_name", "_ready", "_thread")
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._condition = threading.Condition(threading.Lock())
         self._calls: deque[_Call] = deque()
+        # Per event loop, the results its drain callback has not taken yet: a loop is woken
+        # once for however many results come in before it gets to them.
+        self._ready: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         _every.add(self)
@@ -81,10 +84,11 @@ class IoThread:
         condition = self._condition
         with condition:
             if self._closed:
-                raise RuntimeError(f"{self._name}: the store is closed")
+                raise RuntimeError(f"{self._name} is closed")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                thread.start()  # if it can't start, nothing is queued and the next call retries
+                self._thread = thread
             self._calls.append(call)
             if len(self._calls) == 1:
                 condition.notify()
@@ -111,7 +115,10 @@ class IoThread:
                 continue  # cancelled again: the call still runs, and is still waited for
 
     def close(self) -> None:
-        """Let the calls queued so far run, then end the thread; later calls are refused."""
+        """Let the calls queued so far run, then end the thread; later calls are refused.
+
+        Blocks until then: from async code, run it in a worker thread.
+        """
         with self._condition:
             self._closed = True
             thread = self._thread
@@ -122,39 +129,58 @@ class IoThread:
     def _after_fork(self) -> None:
         self._condition = threading.Condition(threading.Lock())
         self._calls = deque()
+        self._ready = {}
         self._thread = None
 
     def _work(self) -> None:
         condition, calls = self._condition, self._calls
-        done: list[tuple[_Call, Any, BaseException | None]] = []
-        while True:
-            with condition:
-                while not calls:
-                    if done:
-                        break
-                    if self._closed or not condition.wait(_IDLE):
-                        if calls:
-                            continue
-                        self._thread = None
-                        return
-                call = calls.popleft() if calls else None
-                if call is not None:
+        try:
+            while True:
+                with condition:
+                    while not calls:
+                        if self._closed or not condition.wait(_IDLE):
+                            if calls:
+                                continue
+                            # Under the lock: a call queued from now on starts a new thread.
+                            self._thread = None
+                            return
+                    call = calls.popleft()
                     if call.state == _SKIPPED:
                         continue
                     call.state = _RUNNING
-            if call is None:
-                _deliver_all(done)
-                done = []
-                continue
-            try:
-                done.append((call, call.function(*call.args), None))
-            except BaseException as error:  # handed to the caller, whatever it is
-                done.append((call, None, error))
+                try:
+                    call.value = call.function(*call.args)
+                except BaseException as error:  # handed to the caller, whatever it is
+                    call.error = error
+                call.args = ()  # what it was given need not live as long as the caller
+                self._hand_back(call)
+        finally:
+            # Ended by an error of its own (out of memory, say): the next call starts another.
             with condition:
-                call.state = _DONE
-            if len(done) >= _BATCH:
-                _deliver_all(done)
-                done = []
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _hand_back(self, call: _Call) -> None:
+        loop = call.loop
+        with self._condition:
+            call.state = _DONE
+            ready = self._ready.get(loop)
+            if ready is not None:
+                ready.append(call)  # the loop's drain, already scheduled, takes it too
+                return
+            self._ready[loop] = [call]
+        try:
+            loop.call_soon_threadsafe(self._drain, loop)
+        except RuntimeError:  # the loop is closed: nobody waits for its calls any more
+            with self._condition:
+                self._ready.pop(loop, None)
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        # On the loop's thread: resolve every call whose result came in since the last drain.
+        with self._condition:
+            ready = self._ready.pop(loop, ())
+        for call in ready:
+            _resolve(call)
 
 
 _every: weakref.WeakSet[IoThread] = weakref.WeakSet()
@@ -168,24 +194,19 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _deliver_all(done: list[tuple[_Call, Any, BaseException | None]]) -> None:
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, Any, BaseException | None]]] = {}
-    for entry in done:
-        by_loop.setdefault(entry[0].loop, []).append(entry)
-    for loop, results in by_loop.items():
-        # A closed loop raises RuntimeError: nobody waits for these any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_deliver, results)
-
-
-def _deliver(results: list[tuple[_Call, Any, BaseException | None]]) -> None:
-    for call, value, error in results:
-        future = call.future
-        if not future.done():
-            if error is None:
-                future.set_result(value)
-            else:
-                future.set_exception(error)
-        waiter = call.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+def _resolve(call: _Call) -> None:
+    future = call.future
+    if not future.done():
+        error = call.error
+        if error is None:
+            future.set_result(call.value)
+        elif isinstance(error, StopIteration):
+            # A future can't hold StopIteration (it would end the awaiting coroutine's frame
+            # instead): raised as a generator would raise it, per PEP 479.
+            name = getattr(call.function, "__qualname__", repr(call.function))
+            future.set_exception(RuntimeError(f"{name} raised StopIteration"))
+        else:
+            future.set_exception(error)
+    waiter = call.waiter
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)

@@ -290,13 +290,20 @@ class SqliteChatMemoryStore:
 
     def close(self) -> None:
         """Close every connection this store opened; using it afterwards is an error."""
+        self._io_thread.close()  # the async calls already queued run first
         self._closed = True
-        self._io_thread.close()  # the calls already queued run first
         with self._holders_lock:
             holders = list(self._holders)
         for holder in holders:
             holder.finalizer()
         self._local = threading.local()
+
+    async def aclose(self) -> None:
+        """`close` for async callers: waits for queued async calls without blocking
+        the event loop."""
+        import asyncio
+
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Self:
         return self

@@ -97,7 +97,8 @@ def test_callers_on_two_event_loops_each_get_their_own_results() -> None:
                 await asyncio.gather(*(io.run(lambda i=i: k * 1000 + i) for i in range(200)))
             )
 
-        out[k] = asyncio.run(main())
+        # Debug mode raises if a result is handed over from another thread than the loop's.
+        out[k] = asyncio.run(main(), debug=True)
 
     threads = [threading.Thread(target=loop_in_thread, args=(k,)) for k in (1, 2)]
     for t in threads:
@@ -138,7 +139,72 @@ async def test_close_runs_what_was_queued_then_refuses_calls() -> None:
         await io.run(ran.append, 4)
 
 
+async def test_a_result_is_handed_back_while_a_later_call_still_runs() -> None:
+    # The later call waits for what the caller does with the first result: holding that
+    # result back until the later call ends would never end.
+    io = IoThread("test")
+    answered = threading.Event()
+    first_call = asyncio.ensure_future(io.run(lambda: "first"))
+    later = asyncio.ensure_future(io.run(answered.wait, 10))
+    first = await asyncio.wait_for(first_call, 5)
+    assert not later.done()
+    answered.set()
+    assert first == "first"
+    assert await later is True
+    io.close()
+
+
+async def test_a_call_raising_stop_iteration_fails_alone() -> None:
+    io = IoThread("test")
+
+    def stop() -> None:
+        raise StopIteration
+
+    failing = asyncio.ensure_future(io.run(stop))
+    after = asyncio.ensure_future(io.run(lambda: "after"))
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await asyncio.wait_for(failing, 5)
+    assert await asyncio.wait_for(after, 5) == "after"
+    io.close()
+
+
+async def test_a_thread_that_cannot_start_fails_its_call_and_the_next_call_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    io = IoThread("test")
+    start = threading.Thread.start
+
+    def refuse(self: threading.Thread) -> None:
+        monkeypatch.setattr(threading.Thread, "start", start)
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        await io.run(lambda: 1)
+    assert await asyncio.wait_for(io.run(lambda: 2), 5) == 2
+    io.close()
+
+
 # -- through the SQLite store ----------------------------------------------------------
+
+
+async def test_closing_a_sqlite_store_runs_the_async_calls_already_queued(
+    tmp_path: Path,
+) -> None:
+    store = SqliteChatMemoryStore(tmp_path / "chat.db")
+    release = threading.Event()
+    holding = asyncio.ensure_future(store._io_thread.run(release.wait, 10))
+    await asyncio.sleep(0.01)
+    write = asyncio.ensure_future(
+        store.aapply_changes("a", appended=[UserMessage("hi", message_id="m1")], removed=[])
+    )
+    await asyncio.sleep(0.01)
+    closing = asyncio.ensure_future(store.aclose())
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(holding, write, closing), 10)
+    with SqliteChatMemoryStore(tmp_path / "chat.db") as again:
+        assert again.get_messages("a") == [UserMessage("hi")]
 
 
 async def test_a_closed_sqlite_store_refuses_async_calls(tmp_path: Path) -> None:
