@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +35,9 @@ _SKIPPED: Final = 3
 
 # Seconds the thread waits for a call before it ends; the next call starts another.
 _IDLE: Final = 5.0
+# Results held back at most, and at most how long (seconds), while more calls wait.
+_BATCH: Final = 16
+_HOLD: Final = 0.001
 
 
 class _Call:
@@ -62,15 +66,33 @@ class IoThread:
 
     # A forked child starts afresh (see _after_fork_in_child): its parent's thread does not
     # exist there, and the calls queued in the parent are the parent's.
+    #
+    # Results are held back while more calls wait, and handed to their loops together: when
+    # the queue runs dry, when _BATCH of them are held, or once the oldest has waited _HOLD
+    # seconds (checked before each call, and by the shared _Flusher while a call runs, so
+    # that a call that waits on a lock never holds back results that are ready).
 
-    __slots__ = ("__weakref__", "_calls", "_closed", "_condition", "_name", "_ready", "_thread")
+    __slots__ = (
+        "__weakref__",
+        "_calls",
+        "_closed",
+        "_condition",
+        "_held",
+        "_held_since",
+        "_name",
+        "_ready",
+        "_thread",
+        "_watched",
+    )
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._condition = threading.Condition(threading.Lock())
         self._calls: deque[_Call] = deque()
-        # Per event loop, the results its drain callback has not taken yet: a loop is woken
-        # once for however many results come in before it gets to them.
+        self._held: list[_Call] = []  # ended, not yet handed to their loops
+        self._held_since = 0.0  # time.monotonic() when the oldest of them ended
+        self._watched = False  # whether the flusher looks at this thread's held results
+        # Per event loop, the results handed to it that its drain callback has not taken.
         self._ready: dict[asyncio.AbstractEventLoop, list[_Call]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -129,51 +151,97 @@ class IoThread:
     def _after_fork(self) -> None:
         self._condition = threading.Condition(threading.Lock())
         self._calls = deque()
+        self._held = []
+        self._watched = False
         self._ready = {}
         self._thread = None
 
     def _work(self) -> None:
-        condition, calls = self._condition, self._calls
+        condition, calls, held = self._condition, self._calls, self._held
+        loops: list[asyncio.AbstractEventLoop] = []
         try:
             while True:
                 with condition:
+                    if held and (
+                        not calls
+                        or len(held) >= _BATCH
+                        or time.monotonic() - self._held_since >= _HOLD
+                    ):
+                        loops = self._hand_over()
+                if loops:
+                    self._wake(loops)
+                    loops = []
+                with condition:
                     while not calls:
+                        if held:
+                            loops = self._hand_over()
+                            break
                         if self._closed or not condition.wait(_IDLE):
                             if calls:
                                 continue
                             # Under the lock: a call queued from now on starts a new thread.
                             self._thread = None
                             return
+                    if loops:
+                        continue
                     call = calls.popleft()
                     if call.state == _SKIPPED:
                         continue
                     call.state = _RUNNING
+                    watch = held and not self._watched
+                    if watch:
+                        self._watched = True
+                if watch:
+                    _FLUSHER.watch(self)
                 try:
                     call.value = call.function(*call.args)
                 except BaseException as error:  # handed to the caller, whatever it is
                     call.error = error
                 call.args = ()  # what it was given need not live as long as the caller
-                self._hand_back(call)
+                with condition:
+                    call.state = _DONE
+                    if not held:
+                        self._held_since = time.monotonic()
+                    held.append(call)
         finally:
             # Ended by an error of its own (out of memory, say): the next call starts another.
             with condition:
                 if self._thread is threading.current_thread():
                     self._thread = None
+                loops = self._hand_over()
+            self._wake(loops)
 
-    def _hand_back(self, call: _Call) -> None:
-        loop = call.loop
+    def _hand_over(self) -> list[asyncio.AbstractEventLoop]:
+        """Move the held results to their loops; return the loops to wake. Lock held."""
+        ready = self._ready
+        woken: list[asyncio.AbstractEventLoop] = []
+        for call in self._held:
+            loop = call.loop
+            waiting = ready.get(loop)
+            if waiting is None:
+                ready[loop] = [call]
+                woken.append(loop)
+            else:
+                waiting.append(call)  # the loop's drain, already scheduled, takes it too
+        self._held.clear()
+        return woken
+
+    def _wake(self, loops: list[asyncio.AbstractEventLoop]) -> None:
+        for loop in loops:
+            try:
+                loop.call_soon_threadsafe(self._drain, loop)
+            except RuntimeError:  # the loop is closed: nobody waits for its calls any more
+                with self._condition:
+                    self._ready.pop(loop, None)
+
+    def _flush_stale(self, now: float) -> bool:
+        """Hand over held results that have waited `_HOLD`; whether any are still held."""
         with self._condition:
-            call.state = _DONE
-            ready = self._ready.get(loop)
-            if ready is not None:
-                ready.append(call)  # the loop's drain, already scheduled, takes it too
-                return
-            self._ready[loop] = [call]
-        try:
-            loop.call_soon_threadsafe(self._drain, loop)
-        except RuntimeError:  # the loop is closed: nobody waits for its calls any more
-            with self._condition:
-                self._ready.pop(loop, None)
+            loops = self._hand_over() if self._held and now - self._held_since >= _HOLD else []
+            self._watched = bool(self._held)
+            still = self._watched
+        self._wake(loops)
+        return still
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         # On the loop's thread: resolve every call whose result came in since the last drain.
@@ -183,10 +251,50 @@ class IoThread:
             _resolve(call)
 
 
+class _Flusher:
+    """One thread for every IoThread: hands over results held back while a call runs long."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._condition = threading.Condition(threading.Lock())
+        self._watched: set[IoThread] = set()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, io: IoThread) -> None:
+        with self._condition:
+            self._watched.add(io)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="aiservices-io-flusher", daemon=True
+                )
+                self._thread.start()
+            elif len(self._watched) == 1:
+                self._condition.notify()
+
+    def _run(self) -> None:
+        condition = self._condition
+        while True:
+            with condition:
+                while not self._watched:
+                    condition.wait()
+                watched = list(self._watched)
+            time.sleep(_HOLD)
+            now = time.monotonic()
+            done = [io for io in watched if not io._flush_stale(now)]
+            with condition:
+                for io in done:
+                    if not io._watched:  # else its worker watched it again meanwhile
+                        self._watched.discard(io)
+
+
+_FLUSHER = _Flusher()
 _every: weakref.WeakSet[IoThread] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    _FLUSHER._reset()
     for io in list(_every):
         io._after_fork()
 
