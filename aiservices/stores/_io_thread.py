@@ -172,18 +172,14 @@ class IoThread:
                     self._wake(loops)
                     loops = []
                 with condition:
+                    # Nothing is held here when the queue is empty: it was handed over above.
                     while not calls:
-                        if held:
-                            loops = self._hand_over()
-                            break
                         if self._closed or not condition.wait(_IDLE):
                             if calls:
                                 continue
                             # Under the lock: a call queued from now on starts a new thread.
                             self._thread = None
                             return
-                    if loops:
-                        continue
                     call = calls.popleft()
                     if call.state == _SKIPPED:
                         continue
@@ -192,7 +188,14 @@ class IoThread:
                     if watch:
                         self._watched = True
                 if watch:
-                    _FLUSHER.watch(self)
+                    try:
+                        _FLUSHER.watch(self)
+                    except BaseException:  # no flusher (no thread could start): hand over now
+                        with condition:
+                            self._watched = False
+                            loops = self._hand_over()
+                        self._wake(loops)
+                        loops = []
                 try:
                     call.value = call.function(*call.args)
                 except BaseException as error:  # handed to the caller, whatever it is
@@ -266,10 +269,11 @@ class _Flusher:
         with self._condition:
             self._watched.add(io)
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, name="aiservices-io-flusher", daemon=True
                 )
-                self._thread.start()
+                thread.start()  # if it can't start, the next watch tries again
+                self._thread = thread
             elif len(self._watched) == 1:
                 self._condition.notify()
 

@@ -185,6 +185,38 @@ async def test_a_thread_that_cannot_start_fails_its_call_and_the_next_call_tries
     io.close()
 
 
+async def test_without_a_flusher_thread_held_results_are_handed_over_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The flusher hands over results held while a call runs long; if its thread can't
+    # start, the worker hands them over itself before that call instead of holding them.
+    monkeypatch.setattr(_io_thread, "_FLUSHER", _io_thread._Flusher())
+    start = threading.Thread.start
+
+    def refuse_the_flusher(self: threading.Thread) -> None:
+        if self.name == "aiservices-io-flusher":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_the_flusher)
+    io = IoThread("test")
+    answered = threading.Event()
+    first_call = asyncio.ensure_future(io.run(lambda: "first"))
+    later = asyncio.ensure_future(io.run(answered.wait, 10))
+    assert await asyncio.wait_for(first_call, 5) == "first"
+    answered.set()
+    assert await asyncio.wait_for(later, 5) is True
+    monkeypatch.setattr(threading.Thread, "start", start)
+    # The next call that holds results back starts the flusher after all.
+    answered.clear()
+    first_call = asyncio.ensure_future(io.run(lambda: "again"))
+    later = asyncio.ensure_future(io.run(answered.wait, 10))
+    assert await asyncio.wait_for(first_call, 5) == "again"
+    answered.set()
+    assert await later is True
+    io.close()
+
+
 # -- through the SQLite store ----------------------------------------------------------
 
 
