@@ -276,13 +276,14 @@ class Window:
             ids.append(mid)
             kept.append(m)
         count = self.count
+        # Every message is counted before the window changes: a count that raises leaves it
+        # as it was.
         if count is None:
             kept_costs = [1] * len(kept)
             for mid in ids:
                 known[mid] = 1
         else:
             kept_costs = [count(m) for m in kept]
-            # Counted: now change the window.
             for mid, cost in zip(ids, kept_costs, strict=True):
                 known[mid] = cost
         displaced: list[ChatMessage] = []
