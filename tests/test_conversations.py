@@ -4,6 +4,7 @@ write seen through to its end even when its caller is cancelled."""
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Collection, Hashable, Sequence
@@ -13,6 +14,7 @@ from typing import Annotated, Any, Protocol
 import pytest
 
 from aiservices import (
+    AiMessage,
     ChatMemory,
     ChatMemoryAccess,
     ChatMessage,
@@ -23,6 +25,7 @@ from aiservices import (
     UserMessage,
     ai_service,
 )
+from aiservices.models import ChatRequest, ChatResponse
 from aiservices.testing import ScriptedChatModel
 
 
@@ -271,3 +274,70 @@ def test_a_call_cancelled_before_its_write_records_nothing() -> None:
         return bot.get_chat_memory("alice").messages()
 
     assert asyncio.run(main()) == []
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_calls_cancelled_at_random_moments_on_sqlite_report_what_the_store_holds(
+    tmp_path: Path, seed: int
+) -> None:
+    # 40 conversations x 10 turns at once, a third of the calls cancelled at a random moment
+    # (waiting for the lock, reading, asking the model, writing): every turn is stored whole
+    # or not at all, and a call returns its answer exactly when its turn is stored.
+    rng = random.Random(seed)
+
+    class Model:
+        def chat(self, request: ChatRequest) -> ChatResponse:
+            raise AssertionError("async calls use achat")
+
+        async def achat(self, request: ChatRequest) -> ChatResponse:
+            await asyncio.sleep(rng.random() * 0.002)
+            return ChatResponse(AiMessage("re: " + (request.messages[-1].text or "")))
+
+    class SlowWrites(SqliteChatMemoryStore):
+        # Writes long enough for a good share of the cancellations to land during one.
+        def apply_changes(
+            self,
+            memory_id: Hashable,
+            *,
+            appended: Sequence[ChatMessage],
+            removed: Collection[str],
+        ) -> None:
+            time.sleep(0.001)
+            super().apply_changes(memory_id, appended=appended, removed=removed)
+
+    store = SlowWrites(tmp_path / "chat.db")
+    bot = ai_service(
+        AsyncBot,
+        model=Model(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=1000, store=store),
+    )
+    answered: dict[str, bool] = {}
+
+    async def conversation(c: int) -> None:
+        for t in range(10):
+            text = f"c{c} t{t}"
+            call = asyncio.ensure_future(bot.chat(f"u{c}", text))
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.random() * 0.003)
+                call.cancel()
+            try:
+                assert await call == "re: " + text
+                answered[text] = True
+            except asyncio.CancelledError:
+                answered[text] = False
+
+    async def main() -> None:
+        await asyncio.gather(*(conversation(c) for c in range(40)))
+        await store.aclose()
+
+    asyncio.run(main())
+    assert 0 < list(answered.values()).count(False) < len(answered)
+    with SqliteChatMemoryStore(tmp_path / "chat.db") as check:
+        for c in range(40):
+            texts = [m.text for m in check.get_messages(f"u{c}")]
+            turns = list(zip(texts[::2], texts[1::2], strict=True))
+            assert all(answer == f"re: {asked}" for asked, answer in turns)
+            stored = {asked for asked, _ in turns}
+            for t in range(10):
+                text = f"c{c} t{t}"
+                assert answered[text] == (text in stored), text
