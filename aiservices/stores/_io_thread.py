@@ -158,19 +158,16 @@ class IoThread:
 
     def _work(self) -> None:
         condition, calls, held = self._condition, self._calls, self._held
-        loops: list[asyncio.AbstractEventLoop] = []
         try:
             while True:
                 with condition:
-                    if held and (
+                    due = held and (
                         not calls
                         or len(held) >= _BATCH
                         or time.monotonic() - self._held_since >= _HOLD
-                    ):
-                        loops = self._hand_over()
-                if loops:
-                    self._wake(loops)
-                    loops = []
+                    )
+                    loops = self._hand_over() if due else []
+                self._wake(loops)
                 with condition:
                     # Nothing is held here when the queue is empty: it was handed over above.
                     while not calls:
@@ -184,7 +181,7 @@ class IoThread:
                     if call.state == _SKIPPED:
                         continue
                     call.state = _RUNNING
-                    watch = held and not self._watched
+                    watch = bool(held) and not self._watched
                     if watch:
                         self._watched = True
                 if watch:
@@ -195,7 +192,6 @@ class IoThread:
                             self._watched = False
                             loops = self._hand_over()
                         self._wake(loops)
-                        loops = []
                 try:
                     call.value = call.function(*call.args)
                 except BaseException as error:  # handed to the caller, whatever it is
