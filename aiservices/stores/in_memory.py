@@ -122,61 +122,27 @@ class InMemoryChatMemoryStore:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
         key = store_key(memory_id)
         new_ids = appended_ids(appended)
+        # acquire/release rather than `with`: this runs on every call of a service.
         lock = self._lock
         lock.acquire()
         try:
             conversation = self._conversations.get(key)
-            # The usual write: to a stored conversation, no appended id already there.
-            if conversation is not None and conversation.ids.isdisjoint(new_ids):
-                start, count = conversation.start, len(removed)
-                if appended and (
-                    not count
-                    or (
-                        type(removed) is list
-                        and conversation.mids[start : start + count] == removed
-                    )
-                ):
-                    # A window's turn: its oldest messages out, in order, and the new ones in.
-                    # Done here rather than in _write, which this would call with _remove.
-                    conversation.written = _monotonic()
-                    if count:
-                        conversation.start = start + count
-                        conversation.ids.difference_update(removed)
-                        if start + count > 32:
-                            _compact(conversation)
-                    conversation.messages += appended
-                    conversation.mids += new_ids
-                    conversation.ids.update(new_ids)
-                    return
+            if conversation is not None:
+                ids = conversation.ids
+                if not ids.isdisjoint(new_ids):
+                    # An appended id already stored is a duplicate, unless it is removed.
+                    gone = ids.intersection(removed)
+                    for mid in new_ids:
+                        if mid in ids and mid not in gone:
+                            raise duplicate_id_error(mid, memory_id)
                 self._write(key, conversation, appended, new_ids, removed)
                 return
+            if not appended:
+                return
+            now = _monotonic()
+            self._conversations[key] = _Conversation(list(appended), now)
         finally:
             lock.release()
-        self._apply_changes(key, memory_id, appended, new_ids, removed)
-
-    def _apply_changes(
-        self,
-        key: str,
-        memory_id: Hashable,
-        appended: Sequence[ChatMessage],
-        new_ids: list[str],
-        removed: Collection[str],
-    ) -> None:
-        with self._lock:
-            conversation = self._conversations.get(key)
-            if conversation is None:
-                if not appended:
-                    return
-                now = _monotonic()
-                self._conversations[key] = _Conversation(list(appended), now)
-            else:
-                ids = conversation.ids
-                gone = ids.intersection(removed) if removed else _NOTHING
-                for mid in new_ids:
-                    if mid in ids and mid not in gone:
-                        raise duplicate_id_error(mid, memory_id)
-                self._write(key, conversation, appended, new_ids, gone)
-                return
         # The store grows only when a conversation starts: that is when it purges.
         if now >= self._next_purge:
             self._purge_by_retention(now)
@@ -238,9 +204,6 @@ class InMemoryChatMemoryStore:
 
 
 _monotonic = time.monotonic
-
-
-_NOTHING: frozenset[str | None] = frozenset()
 
 
 def _remove(conversation: _Conversation, removed: Collection[str | None]) -> None:
