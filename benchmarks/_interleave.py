@@ -96,9 +96,9 @@ class Worker:
         self.process.stdin.flush()
         return self._read()
 
-    def measure(self, scenario: str, n: int) -> tuple[float, float]:
-        median, p90 = json.loads(self._ask(f"{scenario} {n}"))
-        return median, p90
+    def measure(self, scenario: str, n: int) -> tuple[float, ...]:
+        """The worker's figures for one round of ``scenario``, in the order it gives them."""
+        return tuple(json.loads(self._ask(f"{scenario} {n}")))
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -127,7 +127,7 @@ def main(
     slow: Sequence[str] = (),
     rounds: int = 7,
     default_n: int = 2000,
-) -> dict[str, dict[str, tuple[float, float]]]:
+) -> dict[str, dict[str, tuple[float, ...]]]:
     """Parse the command line and run, or serve as a worker; return the best rounds.
 
     ``peers`` are contenders measured beside this checkout with ``--peers``; ``slow`` ones
@@ -151,7 +151,7 @@ def main(
         if args.peers:
             contenders += [(peer, peer, None) for peer in peers]
         workers = [Worker(Path(script).resolve(), *c) for c in contenders]
-        results: dict[str, dict[str, tuple[float, float]]] = {}
+        results: dict[str, dict[str, tuple[float, ...]]] = {}
         try:
             for worker in workers:
                 if not worker.names:
@@ -175,7 +175,7 @@ def main(
     return results
 
 
-def _report(results: dict[str, dict[str, tuple[float, float]]], names: Sequence[str]) -> None:
+def _report(results: dict[str, dict[str, tuple[float, ...]]], names: Sequence[str]) -> None:
     mine = results.get("this", {})
     print(f"\n{'scenario':<8} {'contender':<18} {'median us':>10} {'p90 us':>10} {'this / it':>10}")
     for scenario in names:

@@ -20,6 +20,10 @@ in one transaction.
   ``psycopg_pool.AsyncConnectionPool`` of 10 autocommit connections. The server's own CPU
   is not counted, only this process's.
 
+Beside it, the context switches per turn (``getrusage``: voluntary and involuntary, every
+thread): each hand-over between the event loop and a thread costs at least one, so they
+count the hops a turn pays for, however the calls were batched.
+
 Each contender is a process of its own, and rounds alternate between contenders and
 between service and floor; each keeps its best round. The target: service / floor <= 1.5.
 """
@@ -31,6 +35,7 @@ import asyncio
 import gc
 import json
 import os
+import resource
 import sqlite3
 import sys
 import tempfile
@@ -88,17 +93,29 @@ class SleepingModel:
         return self.response
 
 
+Timing = tuple[float, float, float]
+
+
+def switches() -> int:
+    """Context switches of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def timed(
     turns: Callable[[int], Awaitable[None]], conversations: int, after: Callable[[], Awaitable[Any]]
-) -> tuple[float, float]:
-    """CPU microseconds per turn and wall seconds of all conversations run at once."""
+) -> Timing:
+    """CPU microseconds per turn, wall seconds, and context switches per turn, of all
+    conversations run at once."""
 
-    async def run() -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), time.process_time()
+    async def run() -> Timing:
+        wall, cpu, switched = time.perf_counter(), time.process_time(), switches()
         await asyncio.gather(*(turns(c) for c in range(conversations)))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        switched = switches() - switched
         await after()
-        return cpu / (conversations * TURNS) * 1e6, wall
+        count = conversations * TURNS
+        return cpu / count * 1e6, wall, switched / count
 
     gc.collect()
     return asyncio.run(run())
@@ -123,7 +140,7 @@ async def nothing() -> None:
 # -- SQLite ------------------------------------------------------------------------------
 
 
-def sqlite_service(conversations: int) -> tuple[float, float]:
+def sqlite_service(conversations: int) -> Timing:
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteChatMemoryStore(Path(tmp) / "turns.db")
         service = ai_service(
@@ -196,7 +213,7 @@ class SqliteFloor:
             conn.close()
 
 
-def sqlite_floor(conversations: int) -> tuple[float, float]:
+def sqlite_floor(conversations: int) -> Timing:
     with tempfile.TemporaryDirectory() as tmp:
         floor = SqliteFloor(str(Path(tmp) / "floor.db"))
 
@@ -228,7 +245,7 @@ def drop_tables(table: str) -> None:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table + suffix)))
 
 
-def postgres_service(conversations: int) -> tuple[float, float]:
+def postgres_service(conversations: int) -> Timing:
     from aiservices.stores import PostgresChatMemoryStore
 
     table = f"bench_{uuid.uuid4().hex}"
@@ -256,7 +273,7 @@ def postgres_service(conversations: int) -> tuple[float, float]:
         drop_tables(table)
 
 
-def postgres_floor(conversations: int) -> tuple[float, float]:
+def postgres_floor(conversations: int) -> Timing:
     import psycopg
     from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
@@ -326,7 +343,7 @@ def postgres_available() -> bool:
     return True
 
 
-RUNS: dict[str, Callable[[int], tuple[float, float]]] = {
+RUNS: dict[str, Callable[[int], Timing]] = {
     "sqlite-service": sqlite_service,
     "sqlite-floor": sqlite_floor,
     "postgres-service": postgres_service,
@@ -335,7 +352,7 @@ RUNS: dict[str, Callable[[int], tuple[float, float]]] = {
 
 
 def serve(stores: list[str]) -> None:
-    """The worker's side: answer "scenario conversations" lines with (CPU us/turn, wall s)."""
+    """The worker's side: answer "scenario conversations" lines with a `Timing`."""
     if "postgres" in stores and not postgres_available():
         stores = [s for s in stores if s != "postgres"]
     names = [name for name in RUNS if name.split("-")[0] in stores]
@@ -384,11 +401,11 @@ def main() -> int:
     print(
         f"\n{conversations} conversations x {TURNS} turns at once, model {DELAY * 1000:.0f} ms: "
         f"process CPU per turn (us), best of {rounds} rounds; the ratio of the best rounds, "
-        "[range over rounds]; wall seconds of the best round"
+        "[range over rounds]; wall seconds and context switches per turn of the best round"
     )
     print(
         f"{'contender':<12} {'store':<9} {'service':>9} {'floor':>9} {'service/floor':>22}"
-        f" {'wall s, service floor':>22}"
+        f" {'wall s, service floor':>22} {'switches, service floor':>24}"
     )
     for label, table in results.items():
         for store in stores:
@@ -404,6 +421,7 @@ def main() -> int:
                 f"{label:<12} {store:<9} {best_s[0]:>9.1f} {best_f[0]:>9.1f}"
                 f" {ratio:>6.2f} [{min(each):.2f}-{max(each):.2f}] {verdict:<8}"
                 f" {best_s[1]:>13.2f} {best_f[1]:>6.2f}"
+                f" {best_s[2]:>15.2f} {best_f[2]:>8.2f}"
             )
     for label in [x for x in results if x != "this"]:
         print(f"\nthis / {label} (best rounds, service CPU per turn)")

@@ -265,7 +265,7 @@ def read_scenarios(stack: ExitStack, stores: Sequence[str]) -> dict[str, Callabl
 
 # -- the interleaved run ----------------------------------------------------------------
 
-Rounds = dict[str, dict[str, list[tuple[float, float]]]]
+Rounds = dict[str, dict[str, list[tuple[float, ...]]]]  # a worker's figures, round by round
 
 
 def interleaved(
