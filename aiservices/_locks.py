@@ -49,7 +49,20 @@ class TurnLock:
             self._queue().append(event)
         finally:
             mutex.release()
-        event.wait()
+        try:
+            event.wait()
+        except BaseException:
+            # Interrupted while waiting (KeyboardInterrupt): leave the queue, or pass on a
+            # lock handed over meanwhile, so that it never goes to a waiter that is gone.
+            with mutex:
+                try:
+                    self._queue().remove(event)
+                    waiting = True
+                except ValueError:
+                    waiting = False
+            if not waiting:
+                self.release()
+            raise
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free and nobody waits for it; never blocks."""

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
+from types import SimpleNamespace
 
+import pytest
+
+from aiservices import _locks
 from aiservices._locks import TurnLock
 
 
@@ -134,3 +139,73 @@ def test_threads_and_tasks_of_two_loops_never_overlap_or_hang() -> None:
     assert done == 5
     assert overlaps == 0
     assert not lock.locked
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+def test_a_thread_interrupted_while_waiting_leaves_the_queue() -> None:
+    # As Ctrl-C would: a signal whose handler raises, delivered to the main thread while it
+    # waits for a lock held by another thread.
+    lock = TurnLock()
+    holder_has_it, release_now = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        lock.acquire()
+        holder_has_it.set()
+        release_now.wait(5)
+        lock.release()
+
+    def interrupter() -> None:
+        time.sleep(0.1)  # the main thread waits by now
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+        time.sleep(0.05)
+        release_now.set()
+
+    previous = signal.signal(signal.SIGUSR1, _raise_interrupted)
+    threads = [threading.Thread(target=holder), threading.Thread(target=interrupter)]
+    try:
+        threads[0].start()
+        assert holder_has_it.wait(5)
+        threads[1].start()
+        with pytest.raises(_Interrupted):
+            lock.acquire()
+    finally:
+        for t in threads:
+            t.join(5)
+        signal.signal(signal.SIGUSR1, previous)
+    got = threading.Event()
+
+    def later() -> None:
+        lock.acquire()
+        got.set()
+        lock.release()
+
+    threading.Thread(target=later, daemon=True).start()
+    assert got.wait(2), "the lock went to the interrupted waiter and was never released"
+    assert not lock.locked
+
+
+def test_a_lock_handed_to_an_interrupted_waiter_is_passed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lock = TurnLock()
+    lock.acquire()
+
+    class HandedOverThenInterrupted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            lock.release()  # the holder is done: the lock is handed to this waiter
+            assert self.is_set()
+            raise _Interrupted
+
+    monkeypatch.setattr(
+        _locks, "threading", SimpleNamespace(Event=HandedOverThenInterrupted, Lock=threading.Lock)
+    )
+    with pytest.raises(_Interrupted):
+        lock.acquire()
+    assert not lock.locked, "the lock handed over to the interrupted waiter stayed held"
