@@ -296,7 +296,14 @@ def turn(state: ServiceState, call: Call) -> Turn:
         emit(hooks.on_call_start, info)
     user_text = call.user_text
     for guardrail in plan.input_guardrails:
-        replaced = yield CALL, (guardrail, (user_text,))
+        try:
+            replaced = yield CALL, (guardrail, (user_text,))
+        except Reprompt as reprompt:
+            raise TypeError(
+                f"input guardrail {_name(guardrail)} raised Reprompt({reprompt.reason!r}): "
+                "there is no answer yet to ask again for; an input guardrail refuses with "
+                "GuardrailError, and Reprompt belongs in output guardrails"
+            ) from reprompt
         if replaced is not None:
             user_text = _checked_text(replaced, guardrail)
     sources: tuple[str, ...] = ()
@@ -604,11 +611,22 @@ def _type_name(annotation: Any) -> str:
 
 
 def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
-    if plan.output.returns_ai_message:
-        return AiMessage("\n".join(r.result for r in results))
-    if len(results) == 1 and plan.output.response_format is not None:
-        return plan.output.parse(results[0].result)
-    return plan.output.parse("\n".join(r.result for r in results))
+    output = plan.output
+    text = "\n".join(r.result for r in results)
+    if output.returns_ai_message:
+        return AiMessage(text)
+    if len(results) == 1 and output.response_format is not None:
+        text = results[0].result
+    try:
+        return output.parse(text)
+    except ValueError as error:
+        # No model wrote this: asking one again cannot help, so the caller is told at once.
+        names = ", ".join(dict.fromkeys(r.request.name for r in results))
+        raise OutputParseError(
+            f"{plan.qualname}: the result of the direct-return tool(s) {names} could not be "
+            f"parsed as {_type_name(output.annotation)}: {error}",
+            raw_text=text,
+        ) from error
 
 
 def _finish(  # noqa: PLR0917 - private, called from the turn's two ends

@@ -189,6 +189,24 @@ def test_a_guardrail_that_returns_something_else_is_a_type_error_naming_it() -> 
         bot.chat("hi")
 
 
+def test_a_reprompt_from_an_input_guardrail_is_a_type_error_naming_it(
+    store_under_test: StoreUnderTest,
+) -> None:
+    # There is no answer to ask again for: the misuse is told, the model is never called
+    # and nothing is recorded.
+    def ask_again(text: str) -> None:
+        raise Reprompt("be nicer")
+
+    model = ScriptedChatModel("never")
+    bot = _bot(model, store_under_test, input_guardrails=[ask_again])
+    before = store_under_test.snapshot()
+    with pytest.raises(TypeError, match=r"input guardrail .*ask_again raised Reprompt") as raised:
+        bot.chat("u", "hi")
+    assert isinstance(raised.value.__cause__, Reprompt)
+    assert model.requests == []
+    assert store_under_test.snapshot() == before
+
+
 class AsyncBot(ChatMemoryAccess, Protocol):
     async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
 

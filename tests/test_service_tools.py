@@ -13,6 +13,7 @@ from aiservices import (
     AiMessage,
     ChatMemoryAccess,
     MemoryId,
+    OutputParseError,
     MessageWindowChatMemory,
     Result,
     ToolExecutionResultMessage,
@@ -206,6 +207,29 @@ def test_return_direct_returns_the_tool_result_without_another_model_round() -> 
         "AiMessage",
         "ToolExecutionResultMessage",
     ]
+
+
+def test_a_direct_return_result_that_does_not_parse_is_an_output_parse_error() -> None:
+    # No model wrote the text, so none is asked again: the caller gets the parse error
+    # with the tool's text, and the turn is not recorded.
+    @tool(return_direct=True)
+    def stock(item: str) -> str:
+        """Items in stock."""
+        return "unknown item"
+
+    class Shop(Protocol):
+        def count(self, text: str) -> int: ...
+
+    model = ScriptedChatModel(tool_call("stock", item="bolts"), "never asked")
+    memory = MessageWindowChatMemory(10)
+    bot = ai_service(Shop, model=model, tools=[stock], chat_memory=memory)
+    with pytest.raises(OutputParseError, match=r"direct-return tool\(s\) stock .* as int") as raised:
+        bot.count("how many bolts?")
+    assert raised.value.raw_text == "unknown item"
+    assert raised.value.attempts == 1
+    assert "Answer again" not in str(raised.value)
+    assert len(model.requests) == 1
+    assert memory.messages() == []
 
 
 def test_tool_provider_adds_tools_per_call() -> None:
