@@ -119,10 +119,11 @@ def _with_guardrails(
     plans: dict[str, MethodPlan],
     input_guardrails: tuple[Callable[..., Any], ...],
     output_guardrails: tuple[Callable[..., Any], ...],
-    retriever: Callable[..., Any] | None,
+    awaited: dict[str, Callable[..., Any] | None],
 ) -> dict[str, MethodPlan]:
     """Each plan with the service's guardrails before its own; one ``InterfaceError`` for
-    an async guardrail or retriever on a sync method, or output guardrails on a stream."""
+    an async guardrail or an async callable of ``awaited`` (by option name) on a sync
+    method, or output guardrails on a stream."""
     problems: list[str] = []
     merged: dict[str, MethodPlan] = {}
     for name, plan in plans.items():
@@ -137,11 +138,12 @@ def _with_guardrails(
                     for g in given
                     if _is_async(g)
                 ]
-            if retriever is not None and _is_async(retriever):
-                problems.append(
-                    f"{where}: the retriever {_name(retriever)} is async and the method is "
-                    "not: make the method async or the retriever sync"
-                )
+            problems += [
+                f"{where}: the {option} {_name(function)} is async and the method is not: "
+                f"make the method async or the {option} sync"
+                for option, function in awaited.items()
+                if function is not None and _is_async(function)
+            ]
         if outputs and plan.kind in ("stream", "astream", "events", "aevents"):
             problems.append(
                 f"{where}: a streaming method shows the answer as it arrives, before output "
@@ -238,6 +240,12 @@ def build(
         problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
     if tool_provider is not None and not callable(tool_provider):
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
+    if system_message_provider is not None and not callable(system_message_provider):
+        problems.append(
+            f"system_message_provider={system_message_provider!r:.60} is not callable: it is a "
+            "callable memory_id -> str | None (for a fixed text, use @system_message on the "
+            "interface or its methods)"
+        )
     listeners = list(listeners)
     problems.extend(Hooks.check(listeners))
     input_guardrails = tuple(input_guardrails)
@@ -257,12 +265,29 @@ def build(
         problems.append("seed_memory must be a callable memory_id -> Sequence[ChatMessage]")
     if retriever is not None and not callable(retriever):
         problems.append("retriever must be a callable (query, memory_id) -> Sequence[str]")
+    # Called where nothing awaits them, whatever the method: an async one could never work.
+    problems += [
+        f"{option}={_name(function)} is async: it must be a plain function (it is called "
+        "before or between the turn's awaits)"
+        for option, function in (
+            ("chat_memory_provider", chat_memory_provider),
+            ("system_message_provider", system_message_provider),
+            ("tool_provider", tool_provider),
+            ("request_transformer", request_transformer),
+        )
+        if function is not None and _is_async(function)
+    ]
     if problems:
         raise InterfaceError(problems)
     plans = plan_interface(
         interface, has_memory_provider=chat_memory_provider is not None, localns=localns
     )
-    plans = _with_guardrails(plans, input_guardrails, output_guardrails, retriever)
+    plans = _with_guardrails(
+        plans,
+        input_guardrails,
+        output_guardrails,
+        {"retriever": retriever, "seed_memory": seed_memory},
+    )
     toolbox = Toolbox.from_objects(list(tools), error_handler=tool_error_handler)
     state = ServiceState(
         model=chat_model,

@@ -252,6 +252,12 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
             system = state.system_message_provider(memory_id, context=context)  # type: ignore[call-arg]
         else:
             system = state.system_message_provider(memory_id)
+        if system is not None and not isinstance(system, str):
+            raise TypeError(
+                f"system_message_provider {_name(state.system_message_provider)} returned "
+                f"{type(system).__name__} for memory id {memory_id!r}; it returns the system "
+                "message's text (a str), or None for none"
+            )
     if user_template is not None:
         text = user_template.render(values)
     else:

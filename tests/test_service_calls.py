@@ -381,3 +381,25 @@ def test_the_model_always_sees_the_system_message_first() -> None:
         ("ai", "reply"),
         ("user", "now"),
     ]
+
+
+def test_a_system_message_provider_returning_no_text_is_a_type_error_naming_it() -> None:
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    def numbered(memory_id: object) -> int:
+        return 42
+
+    model = ScriptedChatModel(default="never")
+    memory_provider = MessageWindowChatMemory.provider()
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=memory_provider,
+        system_message_provider=numbered,  # type: ignore[arg-type]
+    )
+    with pytest.raises(
+        TypeError, match=r"system_message_provider .*numbered returned int for memory id 'zoe'"
+    ):
+        bot.chat("zoe", "hi")
+    assert model.requests == []

@@ -173,3 +173,69 @@ def test_service_keeps_the_interface_signature_and_type() -> None:
     assert bot.chat.__doc__ == "Talk."  # type: ignore[attr-defined]
     with pytest.raises(TypeError):
         bot.chat()  # type: ignore[attr-defined]
+
+
+class Chat(Protocol):
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+class AsyncChat(Protocol):
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+def test_a_system_message_provider_that_is_a_text_fails_the_build() -> None:
+    found = problems(
+        Chat,
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+        system_message_provider="You are a pirate.",
+    )
+    assert len(found) == 1
+    assert "system_message_provider='You are a pirate.' is not callable" in found[0]
+    assert "@system_message" in found[0]
+
+
+@pytest.mark.parametrize("interface", [Chat, AsyncChat])
+def test_providers_and_transformers_called_without_await_may_not_be_async(
+    interface: type,
+) -> None:
+    # Nothing awaits them, on sync or async methods alike: an async one could never work.
+    async def system(memory_id: object) -> str:
+        return "x"
+
+    async def tools(memory_id: object, message: object) -> list[object]:
+        return []
+
+    async def transform(request: object, memory_id: object) -> object:
+        return request
+
+    async def memories(memory_id: object) -> object:
+        return MessageWindowChatMemory(10, id=memory_id)
+
+    found = problems(
+        interface,
+        chat_memory_provider=memories,
+        system_message_provider=system,
+        tool_provider=tools,
+        request_transformer=transform,
+    )
+    assert [p.split("=")[0] for p in found] == [
+        "chat_memory_provider",
+        "system_message_provider",
+        "tool_provider",
+        "request_transformer",
+    ]
+    assert all("is async: it must be a plain function" in p for p in found)
+
+
+def test_an_async_seed_memory_fails_the_build_on_a_sync_method_only() -> None:
+    async def seed(memory_id: object) -> list[object]:
+        return []
+
+    provider = MessageWindowChatMemory.provider()
+    found = problems(Chat, chat_memory_provider=provider, seed_memory=seed)
+    assert found == [
+        "Chat.chat(): the seed_memory "
+        "test_an_async_seed_memory_fails_the_build_on_a_sync_method_only.<locals>.seed is "
+        "async and the method is not: make the method async or the seed_memory sync"
+    ]
+    build(AsyncChat, chat_memory_provider=provider, seed_memory=seed)  # awaited there
