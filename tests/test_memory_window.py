@@ -440,6 +440,53 @@ def test_a_delta_write_keeps_what_another_writer_appended_meanwhile() -> None:
     assert one.messages() == [user("from two"), user("from one")]
 
 
+@pytest.fixture(params=["in_memory", "sqlite"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """A store two memories of one conversation share, as two processes would."""
+    if request.param == "in_memory":
+        yield InMemoryChatMemoryStore()
+        return
+    from aiservices.stores import SqliteChatMemoryStore
+
+    with SqliteChatMemoryStore(tmp_path / "shared.db") as store:
+        yield store
+
+
+def test_a_memory_shows_another_writers_new_order(shared_store: Any) -> None:
+    one = MessageWindowChatMemory(10, id="c", store=shared_store)
+    one.add(user("u1"), ai("a1"), SystemMessage("S"), user("u2"))
+    assert one.messages() == [user("u1"), ai("a1"), SystemMessage("S"), user("u2")]
+    two = MessageWindowChatMemory(10, id="c", store=shared_store)
+    held = two.messages()
+    two.set([held[2], held[0], held[1], held[3]])  # the system message first
+    expected = [SystemMessage("S"), user("u1"), ai("a1"), user("u2")]
+    assert two.messages() == expected
+    assert one.messages() == expected
+
+
+def test_a_memory_shows_another_writers_rewrite_of_a_message(shared_store: Any) -> None:
+    one = MessageWindowChatMemory(10, id="c", store=shared_store)
+    one.add(user("my card is 4111 1111"), ai("noted"))
+    one.messages()
+    two = MessageWindowChatMemory(10, id="c", store=shared_store)
+    held = two.messages()
+    two.set([held[0].model_copy(update={"text": "my card is [redacted]"}), held[1]])
+    assert [m.text for m in one.messages()] == ["my card is [redacted]", "noted"]
+    assert one.messages()[0].message_id == held[0].message_id
+
+
+def test_set_ignores_a_system_message_repeated_as_add_does() -> None:
+    given = [SystemMessage("S"), user("u1"), ai("a1"), SystemMessage("S"), user("u2")]
+    added = MessageWindowChatMemory(10)
+    added.add(*given)
+    set_ = MessageWindowChatMemory(10)
+    set_.set(given)
+    expected = [SystemMessage("S"), user("u1"), ai("a1"), user("u2")]
+    assert added.messages() == expected
+    assert set_.messages() == expected
+    assert set_.store.get_messages("default") == expected
+
+
 def test_a_store_without_deltas_gets_the_whole_window() -> None:
     store = PlainStore()
     memory = MessageWindowChatMemory(2, store=store)

@@ -11,7 +11,7 @@ choice: `Evict` drops them; a summarising memory folds them into its lead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from operator import is_
 from typing import Any, Protocol, TypeAlias
 
@@ -176,9 +176,15 @@ class Window:
             return False
         if all(map(is_, stored, mine)) or all(map(_same, stored, mine)):
             return True
-        # A store keeps the system message where it was appended, a window may show it
-        # first: the same messages in another order are still this window.
-        return sorted(map(id, stored)) == sorted(map(id, mine))
+        # A store keeps the system message where it was appended, a window kept with it
+        # first shows it there: only then may it stand elsewhere (any other order is a
+        # rewrite by another writer, which the window must show).
+        system = self.system
+        if system is None or not self.keep_system_first:
+            return False
+        if not any(m is system for m in stored):
+            return False  # (so that both sides below are one message shorter)
+        return all(map(is_, _without(stored, system), _without(mine, system)))
 
     def load(
         self, messages: Sequence[ChatMessage], is_lead: Callable[[ChatMessage], bool] | None
@@ -195,6 +201,10 @@ class Window:
         total = 0
         for m, cost in zip(messages, costs, strict=True):
             if isinstance(m, SystemMessage):
+                if self.system is not None and self.system == m:
+                    # The same text again is ignored, as an add ignores it: the first stays.
+                    dropped.append(m)
+                    continue
                 if self.system is not None:
                     dropped.append(self.system)
                     known.pop(message_key(self.system), None)
@@ -459,8 +469,12 @@ class Window:
 
 def _same(a: ChatMessage, b: ChatMessage) -> bool:
     # A store that builds new message objects at each read still holds the same messages
-    # when the ids match.
-    return a is b or (a.message_id is not None and a.message_id == b.message_id)
+    # when the ids and the contents match (a store may rewrite a message under its id).
+    return a is b or (a.message_id is not None and a.message_id == b.message_id and a == b)
+
+
+def _without(messages: Sequence[ChatMessage], system: ChatMessage) -> Iterator[ChatMessage]:
+    return (m for m in messages if m is not system)
 
 
 def _decrement(counts: dict[str, int], key: str) -> None:
