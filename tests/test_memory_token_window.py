@@ -243,6 +243,37 @@ def test_each_message_is_counted_once(words: WordEstimator) -> None:
     assert sum(words.counted.values()) == len(window)
 
 
+def test_messages_a_lowered_limit_hides_are_counted_once_over_many_reads(
+    words: WordEstimator,
+) -> None:
+    limit = [100]
+    memory = TokenWindowChatMemory(lambda _: limit[0], words)
+    memory.add(user(4, "q1-"), ai(4, "a1-"), user(4, "q2-"))
+    limit[0] = 4
+    for _ in range(5):
+        assert memory.messages() == [user(4, "q2-")]
+    limit[0] = 100
+    assert memory.messages() == [user(4, "q1-"), ai(4, "a1-"), user(4, "q2-")]
+    assert list(words.counted.values()) == [1, 1, 1]
+
+
+def test_what_an_add_keeps_does_not_depend_on_a_read_before_it(words: WordEstimator) -> None:
+    # A read under a lowered limit hides the question; the answer added next is still
+    # judged with it, as a whole turn, as it is without the read.
+    def run(read_between: bool) -> list[ChatMessage]:
+        limit = [100]
+        memory = TokenWindowChatMemory(lambda _: limit[0], words, evict_whole_turns=True)
+        memory.add(system(3))
+        memory.add(user(3))
+        limit[0] = 4
+        if read_between:
+            assert memory.messages() == [system(3)]
+        memory.add(ai(1))
+        return memory.messages()
+
+    assert run(read_between=True) == run(read_between=False) == [system(3)]
+
+
 def test_an_estimator_that_fails_leaves_the_memory_as_it_was(words: WordEstimator) -> None:
     class Flaky(WordEstimator):
         fail = False

@@ -319,6 +319,24 @@ def test_without_whole_turns_a_window_may_start_with_an_ai_message() -> None:
     assert memory.messages()[0] == ai("a1")
 
 
+@pytest.mark.parametrize("read_between", [False, True])
+def test_an_answer_added_after_a_read_that_hid_its_question_keeps_the_turn_whole(
+    read_between: bool,
+) -> None:
+    # The newest whole turn stays alone beside the system message; a read under the
+    # lowered limit in between hides the question, but must not change what the add keeps.
+    limit = [3]
+    memory = MessageWindowChatMemory(lambda _: limit[0], evict_whole_turns=True)
+    memory.add(SystemMessage("S"), user("U1"), ai("A1"))
+    memory.add(user("U2"))
+    limit[0] = 1
+    if read_between:
+        assert memory.messages() == [SystemMessage("S")]
+    memory.add(ai("A2"))
+    assert memory.messages() == [SystemMessage("S"), user("U2"), ai("A2")]
+    assert memory.store.get_messages("default") == [SystemMessage("S"), user("U2"), ai("A2")]
+
+
 def test_limit_may_depend_on_the_memory_id() -> None:
     def limits(memory_id: str) -> int:
         return {"short": 2, "long": 4}.get(memory_id, 3)

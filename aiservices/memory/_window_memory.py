@@ -149,8 +149,8 @@ class WindowChatMemory:
         try:
             limit = self._read_limit()
             window = self._window
-            if window is None or (self._pending and window.limit != limit):
-                window = self._load(self._perform(READ, None), limit)
+            if window is None or self._pending:
+                window = self._load(self._perform(READ, None), limit, trim=False)
             added, removed, outcome = self._begin_add(window, messages, limit)
             if type(outcome) is not tuple:
                 outcome = self._drive(outcome)
@@ -188,8 +188,8 @@ class WindowChatMemory:
         try:
             limit = self._read_limit()
             window = self._window
-            if window is None or (self._pending and window.limit != limit):
-                window = self._load(await self._aio(READ, None), limit)
+            if window is None or self._pending:
+                window = self._load(await self._aio(READ, None), limit, trim=False)
             added, removed, outcome = self._begin_add(window, messages, limit)
             if type(outcome) is not tuple:
                 outcome = await self._adrive(outcome)
@@ -371,14 +371,18 @@ class WindowChatMemory:
         policy = self._policy
         return None if policy is EVICT else policy.is_lead
 
-    def _load(self, stored: Sequence[ChatMessage], limit: int) -> Window:
-        """The window for what the store holds; what it leaves out is removed at the next add."""
+    def _load(self, stored: Sequence[ChatMessage], limit: int, *, trim: bool = True) -> Window:
+        """The window for what the store holds; what it leaves out is removed at the next add.
+
+        An add loads without trimming (``trim=False``): it applies the limit to what the
+        store holds with the new messages, so that what it keeps never depends on a read
+        made before it. What a read trims keeps its cost, counted once, while the store
+        holds it.
+        """
         window = self._new_window()
         dropped = window.load(stored, self._lead_test())
-        if self._policy.evicts_on_read:
-            trimmed = window.trim(limit)
-            window.forget(trimmed)
-            dropped += trimmed
+        if trim and self._policy.evicts_on_read:
+            dropped += window.trim(limit)
         else:
             window.limit = limit
         self._window = window
