@@ -394,7 +394,7 @@ class Toolbox:
                 if plan.is_async:
                     value = await tool.fn(*args, **kwargs)
                 else:
-                    value = await asyncio.to_thread(tool.fn, *args, **kwargs)
+                    value = await _in_thread(tool.fn, *args, **kwargs)
                     if _iscoroutine(value):
                         value = await value
             except Exception as exc:
@@ -421,7 +421,8 @@ class Toolbox:
         """Run requests concurrently; the results come in request order.
 
         If one raises (through the error handler), the others are cancelled, and that
-        exception propagates once they have stopped (a sync tool's thread runs to its end).
+        exception propagates once they have stopped (a sync tool's thread runs to its end,
+        as it does when the call itself is cancelled).
         """
         import asyncio
 
@@ -521,6 +522,29 @@ def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedEr
     )
     error.__cause__ = exc
     return error
+
+
+async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``asyncio.to_thread``, except that a cancelled caller waits for the thread to end.
+
+    A thread cannot be stopped: were the caller told it was cancelled at once, the
+    conversation's lock would be released while the tool still acts, and the next turn's
+    tools would run beside it.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+    future = loop.run_in_executor(None, functools.partial(context.run, fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        while not future.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((future,))
+        if not future.cancelled():
+            future.exception()  # retrieved: the call is cancelled, its result unused
+        raise
 
 
 def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:

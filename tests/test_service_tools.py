@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Annotated, Protocol
 
@@ -303,3 +304,43 @@ def test_duplicate_tool_names_fail_the_build() -> None:
 
     with pytest.raises(InterfaceError, match="add"):
         service(ScriptedChatModel(), [add, other])
+
+
+async def test_a_cancelled_call_holds_its_conversation_until_its_sync_tool_has_ended() -> None:
+    # A thread cannot be stopped: the next call on the id must not run its tools beside it.
+    started, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @tool
+    def transfer(amount: int) -> str:
+        """Move money."""
+        ran.append(amount)
+        started.set()
+        release.wait(5)
+        return "done"
+
+    class Bank(ChatMemoryAccess, Protocol):
+        async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel(
+        tool_call("transfer", amount=1), tool_call("transfer", amount=2), "sent"
+    )
+    bot = ai_service(
+        Bank,
+        model=model,
+        tools=[transfer],
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+    )
+    first = asyncio.create_task(bot.chat("alice", "send 1"))
+    assert await asyncio.to_thread(started.wait, 5)
+    first.cancel()
+    second = asyncio.create_task(bot.chat("alice", "send 2"))
+    await asyncio.sleep(0.1)
+    assert not first.done(), "the cancelled call returned while its tool still ran"
+    assert ran == [1]
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await second == "sent"
+    assert ran == [1, 2]
+    assert [m.text for m in bot.get_chat_memory("alice").messages()][0] == "send 2"

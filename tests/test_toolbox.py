@@ -513,6 +513,25 @@ async def test_error_handler_raising_in_aexecute_all_cancels_the_rest() -> None:
     assert finished == []
 
 
+async def test_error_handler_raising_in_aexecute_all_waits_for_a_sync_tools_thread() -> None:
+    # The call ends only once the sibling's thread has: nothing of it runs on afterwards.
+    state: list[str] = []
+
+    def blocking() -> str:
+        state.append("running")
+        time.sleep(0.3)
+        state.append("finished")
+        return "late"
+
+    def strict(error: ToolExecutionError, request: ToolExecutionRequest) -> str:
+        raise error
+
+    box = Toolbox.from_objects([blocking, add], error_handler=strict)
+    with pytest.raises(ToolArgumentsError):
+        await box.aexecute_all([call("blocking", id="1"), call("add", "{}", id="2")])
+    assert state == ["running", "finished"]
+
+
 # -- sync and async -----------------------------------------------------------------------
 
 
