@@ -108,8 +108,9 @@ class Conversations:
         """Whether the service has a ``chat_memory_provider`` to make conversations."""
         return self._provider is not None
 
-    def get(self, memory_id: Hashable, key: str) -> Conversation:
-        """The conversation of ``memory_id`` (``key`` is ``key_of(memory_id)``), made on a miss."""
+    def cached(self, key: str) -> Conversation | None:
+        """The cached conversation of ``key`` (``key_of(memory_id)``), now the most recently
+        used; ``None`` on a miss."""
         table = self._table
         entry = table.get(key)
         if entry is not None:
@@ -119,17 +120,21 @@ class Conversations:
                 table.move_to_end(key)
             except KeyError:  # dropped meanwhile: the caller finds it retired
                 pass
-            return entry
-        return self._make(memory_id, key)
+        return entry
+
+    def get(self, memory_id: Hashable, key: str) -> Conversation:
+        """The conversation of ``memory_id`` (``key`` is ``key_of(memory_id)``), made on a miss."""
+        entry = self.cached(key)
+        return self._make(memory_id, key) if entry is None else entry
 
     async def aget(self, memory_id: Hashable, key: str) -> Conversation:
         """`get` for a task: a provider that makes a memory runs in a worker thread."""
-        entry = self._table.get(key)
+        entry = self.cached(key)
         if entry is not None:
             return entry
         import asyncio
 
-        return await asyncio.to_thread(self.get, memory_id, key)
+        return await asyncio.to_thread(self._make, memory_id, key)
 
     def forget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
         """Erase ``entry``'s conversation (memory, stored messages, history), between turns."""
@@ -225,8 +230,14 @@ class Conversations:
         entry.lock.release()
         return True
 
-    def hold(self, entry: Conversation, memory_id: Hashable, key: str | None) -> Conversation:
-        """Take ``entry``'s turn lock, following the id to a new entry if it was retired."""
+    def hold(
+        self, entry: Conversation | None, memory_id: Hashable, key: str | None
+    ) -> Conversation:
+        """Take ``entry``'s turn lock, following the id to a new entry if it was retired
+        (``None``: not cached yet, made now)."""
+        if entry is None:
+            assert key is not None
+            entry = self.get(memory_id, key)
         while True:
             entry.lock.acquire()
             if not entry.retired:
@@ -236,16 +247,19 @@ class Conversations:
             entry = self.get(memory_id, key)
 
     async def ahold(
-        self, entry: Conversation, memory_id: Hashable, key: str | None
+        self, entry: Conversation | None, memory_id: Hashable, key: str | None
     ) -> Conversation:
-        """`hold` for a task: waits without blocking the event loop."""
+        """`hold` for a task: waits, and makes a memory, without blocking the event loop."""
+        if entry is None:
+            assert key is not None
+            entry = await self.aget(memory_id, key)
         while True:
             await entry.lock.aacquire()
             if not entry.retired:
                 return entry
             entry.lock.release()
             assert key is not None
-            entry = self.get(memory_id, key)
+            entry = await self.aget(memory_id, key)
 
 
 def erase(memory: ChatMemory) -> None:

@@ -148,8 +148,8 @@ def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, Non
 
 def _hold(state: ServiceState, call: Call) -> Conversation | None:
     conversation = call.conversation
-    if conversation is None:
-        return None
+    if conversation is None and call.key is None:
+        return None  # stateless
     conversation = state.conversations.hold(conversation, call.memory_id, call.key)
     call.conversation = conversation
     return conversation
@@ -311,8 +311,8 @@ async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEven
 
 async def _ahold(state: ServiceState, call: Call) -> Conversation | None:
     conversation = call.conversation
-    if conversation is None:
-        return None
+    if conversation is None and call.key is None:
+        return None  # stateless
     conversation = await state.conversations.ahold(conversation, call.memory_id, call.key)
     call.conversation = conversation
     return conversation

@@ -186,7 +186,9 @@ class ServiceState:
 class Call:
     """One call's bound inputs, before any I/O.
 
-    ``conversation`` is ``None`` for a stateless call; ``key`` is the memory id's cache key.
+    ``key`` is the memory id's cache key, ``None`` for a stateless call or a service's own
+    memory; ``conversation`` is the cached one (``None`` before a driver makes it: a
+    provider may block, and only the driver knows how to wait).
     """
 
     plan: MethodPlan
@@ -201,7 +203,7 @@ class Call:
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
-    """Resolve the conversation and render the prompts: all a call does before its turn."""
+    """Find the conversation and render the prompts: all a call does before its turn."""
     memory_id: Hashable | None = None
     key: str | None = None
     conversation: Conversation | None = None
@@ -223,7 +225,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
                 f"{plan.qualname}({plan.parameters[index]}): the memory id {memory_id!r} is "
                 f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"
             ) from None
-        conversation = state.conversations.get(memory_id, key)
+        conversation = state.conversations.cached(key)
     elif state.single is not None:
         conversation = state.single
         memory_id = conversation.memory.id
@@ -235,7 +237,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
             memory_id = scope.memory_id
             key = key_of(memory_id)
             scope.used_by(state)
-        conversation = state.conversations.get(memory_id, key)
+        conversation = state.conversations.cached(key)
 
     system_template, user_template = plan.system_template, plan.user_template
     values = (

@@ -64,6 +64,38 @@ def test_concurrent_first_calls_on_a_new_id_call_the_provider_once() -> None:
     assert len(store.get_messages("new")) == 16
 
 
+async def test_async_calls_make_memories_without_blocking_the_event_loop() -> None:
+    # A provider may do I/O (open a store, read a profile): async calls run it in a thread,
+    # once per id however many calls wait for it.
+    made: list[Hashable] = []
+
+    def slow_provider(memory_id: Hashable) -> ChatMemory:
+        time.sleep(0.3)
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id)
+
+    bot = ai_service(
+        AsyncBot, model=ScriptedChatModel(default="ok"), chat_memory_provider=slow_provider
+    )
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        for _ in range(40):
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    answers = await asyncio.gather(*(bot.chat("new", f"hi {i}") for i in range(3)))
+    await ticking
+    assert answers == ["ok"] * 3
+    assert made == ["new"]
+    assert max(gaps) < 0.2, f"the event loop stalled {max(gaps):.2f} s"
+    assert len(bot.get_chat_memory("new").messages()) == 6
+
+
 def test_a_provider_that_fails_lets_the_next_call_try_again() -> None:
     calls = 0
 

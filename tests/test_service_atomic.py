@@ -195,6 +195,7 @@ def test_a_call_whose_conversation_is_evicted_before_it_holds_it_takes_the_new_o
         chat_memory_provider=provider,  # type: ignore[arg-type]
         system_message_provider=system,
     )
+    bot.get_chat_memory("a")  # cached, so that the first call finds it before it holds it
     assert bot.chat("a", "one") == "echo:one"
     assert bot.chat("a", "two") == "echo:two"
     assert evictions == 2
@@ -223,6 +224,7 @@ async def test_an_async_call_follows_a_retired_conversation_too() -> None:
         chat_memory_provider=provider,  # type: ignore[arg-type]
         system_message_provider=system,
     )
+    await bot.aget_chat_memory("a")  # cached, so that the call finds it before it holds it
     assert await bot.chat("a", "one") == "echo:one"
     assert [memory.adds for memory in made] == [0, 1]
 
