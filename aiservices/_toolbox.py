@@ -379,8 +379,6 @@ class Toolbox:
         self, request: ToolExecutionRequest, memory_id: object = None, context: object = None
     ) -> ToolExecution:
         """Run one request without blocking the event loop: a sync tool runs in a thread."""
-        import asyncio
-
         tool = self._by_name.get(request.name)
         if tool is None:
             return self._failed(self._unknown(request))

@@ -14,8 +14,8 @@ from aiservices import (
     AiMessage,
     ChatMemoryAccess,
     MemoryId,
-    OutputParseError,
     MessageWindowChatMemory,
+    OutputParseError,
     Result,
     ToolExecutionResultMessage,
     ToolLimitError,
@@ -224,7 +224,7 @@ def test_a_direct_return_result_that_does_not_parse_is_an_output_parse_error() -
     model = ScriptedChatModel(tool_call("stock", item="bolts"), "never asked")
     memory = MessageWindowChatMemory(10)
     bot = ai_service(Shop, model=model, tools=[stock], chat_memory=memory)
-    with pytest.raises(OutputParseError, match=r"direct-return tool\(s\) stock .* as int") as raised:
+    with pytest.raises(OutputParseError, match=r"tool\(s\) stock .* as int") as raised:
         bot.count("how many bolts?")
     assert raised.value.raw_text == "unknown item"
     assert raised.value.attempts == 1
@@ -343,4 +343,4 @@ async def test_a_cancelled_call_holds_its_conversation_until_its_sync_tool_has_e
         await first
     assert await second == "sent"
     assert ran == [1, 2]
-    assert [m.text for m in bot.get_chat_memory("alice").messages()][0] == "send 2"
+    assert bot.get_chat_memory("alice").messages()[0].text == "send 2"
