@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
@@ -79,15 +79,17 @@ def run_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> An
 
 def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> TextStream:
     """Start a streaming call: bind now, run when the first chunk is asked for."""
+    call = bind(state, plan, args)
     box = ResultBox()
-    return TextStream(_texts(_events(state, bind(state, plan, args)), box), box)
+    return TextStream(_texts(_opened(call, _events(state, call)), box), box)
 
 
 def events_sync(
     state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
 ) -> Iterator[StreamEvent]:
     """Start a call that streams its events: bind now, run when the first is asked for."""
-    return _events(state, bind(state, plan, args))
+    call = bind(state, plan, args)
+    return _opened(call, _events(state, call))
 
 
 def _texts(
@@ -144,6 +146,16 @@ def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, Non
     finally:
         if conversation is not None:
             conversation.lock.release()
+
+
+_Stream = TypeVar("_Stream", Generator[StreamEvent, None, None], AsyncGenerator[StreamEvent, None])
+
+
+def _opened(call: Call, stream: _Stream) -> _Stream:
+    """``stream``, noted by the scope whose conversation it uses (closed when it ends)."""
+    if call.scope is not None:
+        call.scope.opened(stream)
+    return stream
 
 
 def _hold(state: ServiceState, call: Call) -> Conversation | None:
@@ -233,15 +245,17 @@ async def run_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
 
 def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncTextStream:
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
+    call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncTextStream(_atexts(_aevents(state, bind(state, plan, args)), box), box)
+    return AsyncTextStream(_atexts(_opened(call, _aevents(state, call)), box), box)
 
 
 def events_async(
     state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
 ) -> AsyncIterator[StreamEvent]:
     """Start an async call that streams its events: bind now, run when the first is awaited."""
-    return _aevents(state, bind(state, plan, args))
+    call = bind(state, plan, args)
+    return _opened(call, _aevents(state, call))
 
 
 async def _atexts(

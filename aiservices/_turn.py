@@ -39,7 +39,7 @@ from .messages import (
 )
 from .models import ChatModel, ChatRequest, ChatRequestParameters, ChatResponse, ResponseFormat
 from .observability import CallInfo, ConversationStats
-from .scopes import current_scope
+from .scopes import MemoryScope, current_scope
 
 if TYPE_CHECKING:
     from ._plan import MethodPlan
@@ -200,6 +200,7 @@ class Call:
     user_name: str | None
     context: object = None
     info: CallInfo | None = None
+    scope: MemoryScope | None = None  # the scope whose conversation the call uses
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
@@ -207,6 +208,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
     memory_id: Hashable | None = None
     key: str | None = None
     conversation: Conversation | None = None
+    scope: MemoryScope | None = None
     index = plan.memory_id_index
     if index is not None:
         memory_id = args[index]
@@ -267,7 +269,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         value = args[plan.user_message_index]
         text = value if type(value) is str else render_value(value)
     name = args[plan.user_name_index] if plan.user_name_index is not None else None
-    return Call(plan, memory_id, key, conversation, system, text, name, context)
+    return Call(plan, memory_id, key, conversation, system, text, name, context, scope=scope)
 
 
 def turn(state: ServiceState, call: Call) -> Turn:

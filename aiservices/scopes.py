@@ -12,7 +12,8 @@ Inside the block, a call of a method without a ``MemoryId`` parameter, on a serv
 a thread started inside does not. Leaving the block, normally or by an exception, applies
 ``on_exit`` to the conversation of every service that made a call inside it: ``"forget"``
 erases it (memory, stored messages, history), ``"evict"`` drops only the cached memory,
-``"keep"`` leaves it.
+``"keep"`` leaves it. Forgetting first closes the streams started inside and not read to
+their end (they record nothing): read a stream inside the block, or keep the conversation.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Hashable
+import weakref
+from collections.abc import AsyncGenerator, Generator, Hashable
 from contextvars import ContextVar, Token
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -39,13 +41,15 @@ class _Service(Protocol):
     def evict(self, memory_id: Hashable) -> None: ...
 
 
+_Stream: TypeAlias = Generator[object, None, None] | AsyncGenerator[object, None]
+
 _current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope", default=None)
 
 
 class MemoryScope:
     """An active (or ready) scope: ``memory_id`` is its conversation's id in every service."""
 
-    __slots__ = ("_lock", "_services", "_token", "memory_id", "on_exit")
+    __slots__ = ("_lock", "_services", "_streams", "_token", "memory_id", "on_exit")
 
     def __init__(self, memory_id: Hashable, on_exit: OnExit) -> None:
         self.memory_id = memory_id
@@ -54,6 +58,9 @@ class MemoryScope:
         self._services: dict[int, _Service] = {}
         self._lock = threading.Lock()
         self._token: Token[MemoryScope | None] | None = None
+        # Streams started inside the block, closed when it ends forgetting: an unfinished
+        # one holds its conversation, which forgetting would otherwise wait for forever.
+        self._streams: weakref.WeakSet[_Stream] | None = None
 
     def __repr__(self) -> str:
         return f"MemoryScope({self.memory_id!r}, on_exit={self.on_exit!r})"
@@ -64,6 +71,21 @@ class MemoryScope:
         if id(service) not in services:
             with self._lock:
                 services.setdefault(id(service), service)
+
+    def opened(self, stream: _Stream) -> None:
+        """Note a stream started in this scope: a forgetting exit closes it, unfinished."""
+        with self._lock:
+            if self._streams is None:
+                self._streams = weakref.WeakSet()
+            self._streams.add(stream)
+
+    def _open_streams(self) -> list[_Stream]:
+        # Only a forgetting exit waits for the conversation (evicting never waits), and a
+        # kept conversation's stream may still be read after the block.
+        with self._lock:
+            streams = list(self._streams or ())
+            self._streams = None
+        return streams if self.on_exit == "forget" else []
 
     def _enter(self) -> MemoryScope:
         if self._token is not None:
@@ -88,6 +110,11 @@ class MemoryScope:
 
     def __exit__(self, *exc_info: object) -> None:
         errors: list[Exception] = []
+        for stream in self._open_streams():
+            if isinstance(stream, Generator):  # (an async one can't be closed from here)
+                # Running in another thread (ValueError): the exit waits for it to end.
+                with contextlib.suppress(ValueError):
+                    stream.close()
         for service in self._leave():
             try:
                 if self.on_exit == "forget":
@@ -103,6 +130,13 @@ class MemoryScope:
 
     async def __aexit__(self, *exc_info: object) -> None:
         errors: list[Exception] = []
+        for stream in self._open_streams():
+            # Running elsewhere (ValueError, RuntimeError): the exit waits for it to end.
+            with contextlib.suppress(ValueError, RuntimeError):
+                if isinstance(stream, AsyncGenerator):
+                    await stream.aclose()
+                else:
+                    stream.close()
         for service in self._leave():
             try:
                 if self.on_exit == "forget":

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
@@ -365,3 +365,81 @@ def test_a_scope_left_in_another_context_still_applies_its_exit() -> None:
     asyncio.run(main())
     assert problems == []
     assert list(store.memory_ids()) == []
+
+
+# -- streams left open in a scope -------------------------------------------------------
+
+
+class StreamingBot(ChatMemoryAccess, Protocol):
+    def chat(self, text: str) -> Iterator[str]: ...
+
+
+class AsyncStreamingBot(ChatMemoryAccess, Protocol):
+    def chat(self, text: str) -> AsyncIterator[str]: ...
+
+
+def test_a_stream_left_unfinished_is_closed_when_its_scope_forgets() -> None:
+    # The stream holds its conversation until it ends: forgetting closes it (it records
+    # nothing) instead of waiting for it forever.
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        StreamingBot,
+        model=ScriptedChatModel(default="Hello there, how are you?"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    left: list[str] = []
+
+    def user_code() -> None:
+        with memory_scope("s"):
+            stream = bot.chat("hi")
+            left.append(next(iter(stream)))
+        left.extend(stream)  # closed: nothing more
+
+    thread = threading.Thread(target=user_code, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "leaving the scope waited for the open stream"
+    assert len(left) == 1
+    assert "Hello there, how are you?".startswith(left[0])
+    assert store.get_messages("s") == []
+    with memory_scope("s", on_exit="keep"):  # the conversation is free
+        assert "".join(bot.chat("again")) == "Hello there, how are you?"
+    assert [m.text for m in store.get_messages("s")] == ["again", "Hello there, how are you?"]
+
+
+async def test_an_async_stream_left_unfinished_is_closed_when_its_scope_ends() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncStreamingBot,
+        model=ScriptedChatModel(default="Hello there"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def user_code() -> AsyncIterator[str]:
+        async with memory_scope("s"):
+            stream = bot.chat("hi")
+            async for _ in stream:
+                break
+        return stream
+
+    stream = await asyncio.wait_for(user_code(), 5)
+    assert [chunk async for chunk in stream] == []
+    assert store.get_messages("s") == []
+
+
+@pytest.mark.parametrize("on_exit", ["keep", "evict"])
+def test_a_stream_of_a_scope_that_keeps_its_conversation_may_be_read_after_it(
+    on_exit: Any,
+) -> None:
+    # As a web framework reads a streamed response after the handler's block has ended.
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        StreamingBot,
+        model=ScriptedChatModel(default="Hello there"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    with memory_scope("s", on_exit=on_exit):
+        stream = bot.chat("hi")
+        first = next(iter(stream))
+    assert first + "".join(stream) == "Hello there"
+    assert [m.text for m in store.get_messages("s")] == ["hi", "Hello there"]
