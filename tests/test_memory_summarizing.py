@@ -30,7 +30,7 @@ from aiservices.messages import (
     UserMessage,
 )
 from aiservices.models import ChatRequest, ChatResponse
-from aiservices.stores import InMemoryChatMemoryStore
+from aiservices.stores import InMemoryChatMemoryStore, SqliteChatMemoryStore
 from aiservices.testing import ScriptedChatModel
 
 PERSISTENT = [name for name, spec in BACKENDS.items() if spec.persistent and spec.history]
@@ -394,15 +394,49 @@ def test_copying_a_conversation_keeps_its_summary() -> None:
     assert is_summary(by_add.messages()[0])
 
 
-def test_of_several_stored_summaries_the_last_wins_and_the_others_go() -> None:
+def test_of_several_stored_summaries_the_last_leads_and_the_others_are_folded_in() -> None:
+    # Two writers each folded a summary: the older one covers turns the newer does not, so
+    # it stays, where it was stored, until the next fold takes it in; it is never dropped.
     store = InMemoryChatMemoryStore()
-    a = SummarizingChatMemory(max_messages=4, summarizer=Summarizer(), store=store)
-    stale = UserMessage("old", message_id=f"{SUMMARY_ID_PREFIX}1")
+    summarizer = Summarizer()
+    a = SummarizingChatMemory(max_messages=4, summarizer=summarizer, store=store)
+    stale = UserMessage("covers q9", message_id=f"{SUMMARY_ID_PREFIX}1")
     newer = UserMessage("new", message_id=f"{SUMMARY_ID_PREFIX}2")
     store.update_messages("default", [stale, *turn(0), newer])
-    assert texts(a.messages()) == ["new", "q0", "a0"]
+    assert texts(a.messages()) == ["new", "covers q9", "q0", "a0"]
     a.add(*turn(1))
+    assert "covers q9" in summarizer.requests[0].messages[-1].text
     assert [m.message_id for m in store.get_messages("default")].count(f"{SUMMARY_ID_PREFIX}1") == 0
+    assert "q9" in texts(a.messages())[0]
+
+
+def test_two_processes_folding_at_once_lose_no_turn(tmp_path: Path) -> None:
+    # Each memory (a process of its own, on the same file) reads the same window, then
+    # folds a different range of it into a summary of its own.
+    path = tmp_path / "chat.db"
+
+    def memory() -> SummarizingChatMemory:
+        return SummarizingChatMemory(
+            summarizer=Summarizer(),
+            max_messages=8,
+            summarize_down_to=1.0,
+            store=SqliteChatMemoryStore(path),
+            id="c",
+        )
+
+    seed = memory()
+    for i in range(3):
+        seed.add(*turn(i))
+    one, two = memory(), memory()
+    one.messages()
+    two.messages()
+    one.add(UserMessage("q3"), AiMessage("x"), AiMessage("x"), AiMessage("a3"))
+    two.add(UserMessage("q4"), AiMessage("x"), AiMessage("a4"))
+    third = memory()
+    third.messages()
+    third.add(*turn(5))
+    shown = " ".join(m.text or "" for m in third.messages())
+    assert all(f"q{i}" in shown for i in range(6)), shown
 
 
 def test_clear_removes_the_summary_too() -> None:

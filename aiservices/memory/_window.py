@@ -191,15 +191,19 @@ class Window:
     ) -> list[ChatMessage]:
         """Fill an empty window with ``messages``; return those the rules leave out.
 
-        Left out: all but the last system message and the last lead, and tool results
-        whose request is not before them. Costs are counted before anything changes.
+        Left out: all but the last system message, and tool results whose request is not
+        before them. Of several leads the last is the lead and the others stay as plain
+        messages where they are (two writers each folded a summary: dropping one would lose
+        what only it covers; the next fold takes it in). Costs are counted before anything
+        changes.
         """
         costs = [self.cost(m) for m in messages]
         dropped: list[ChatMessage] = []
         msgs, kept_costs, opened, answered = self.msgs, self.costs, self.opened, self.answered
         known: dict[object, int] = {}
         total = 0
-        for m, cost in zip(messages, costs, strict=True):
+        lead_at = system_seen = lead_seen = 0  # the lead's place in msgs; when each was met
+        for seen, (m, cost) in enumerate(zip(messages, costs, strict=True)):
             if isinstance(m, SystemMessage):
                 if self.system is not None and self.system == m:
                     # The same text again is ignored, as an add ignores it: the first stays.
@@ -209,11 +213,16 @@ class Window:
                     dropped.append(self.system)
                     known.pop(message_key(self.system), None)
                 self.system, self.system_cost, self.system_pos = m, cost, len(msgs)
+                system_seen = seen
             elif is_lead is not None and is_lead(m):
                 if self.lead is not None:
-                    dropped.append(self.lead)
-                    known.pop(message_key(self.lead), None)
+                    msgs.insert(lead_at, self.lead)
+                    kept_costs.insert(lead_at, self.lead_cost)
+                    total += self.lead_cost
+                    if self.system is not None and system_seen > lead_seen:
+                        self.system_pos += 1
                 self.lead, self.lead_cost = m, cost
+                lead_at, lead_seen = len(msgs), seen
             elif isinstance(m, ToolExecutionResultMessage) and not opened.get(m.id):
                 dropped.append(m)
                 continue
