@@ -276,6 +276,20 @@ def test_a_tool_result_left_behind_apart_from_its_request_is_dropped() -> None:
     assert memory.messages() == [user("wait")]
 
 
+def test_a_result_before_a_reused_request_id_goes_with_the_request_it_answered() -> None:
+    # A result answers a request before it: once that request is evicted, a later request
+    # with the same id (a model reusing "call_0") does not keep the result in the window.
+    memory = MessageWindowChatMemory(3)
+    ask = AiMessage(tool_execution_requests=[ToolExecutionRequest("call_0", "calc", "{}")])
+    memory.add(ask)
+    memory.add(user("u1"))
+    memory.add(ToolExecutionResultMessage("call_0", "calc", "4"))
+    memory.add(ask)
+    assert memory.messages() == [user("u1"), ask]
+    fresh = MessageWindowChatMemory(3, store=memory.store)
+    assert fresh.messages() == memory.messages()
+
+
 def test_stored_orphans_and_extra_system_messages_are_dropped_at_read() -> None:
     store = InMemoryChatMemoryStore()
     store.update_messages(

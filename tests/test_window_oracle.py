@@ -68,6 +68,10 @@ class Conversation:
                 asked = [ToolExecutionRequest(i, "calc", "{}") for i in ids]
                 out.append(AiMessage(self.text(words), asked))
                 out += [self.result(ids[i]) for i in answered if i < count]
+            elif kind == "reask":  # a request id used before (a model reusing "call_0")
+                known = self.requests or ["r-first"]
+                rid = known[args[0] % len(known)]
+                out.append(AiMessage(self.text(1), [ToolExecutionRequest(rid, "calc", "{}")]))
             else:  # a result for an earlier request, evicted or not, or for none
                 known = [*self.requests, "never-asked"]
                 out.append(self.result(known[args[0] % len(known)]))
@@ -87,7 +91,8 @@ tools = st.tuples(
     st.lists(st.integers(0, 2), unique=True, max_size=3),
 )
 late = st.tuples(st.just("late"), st.integers(0, 50))
-answer = st.one_of(st.tuples(st.just("ai"), sizes), tools, late)
+reask = st.tuples(st.just("reask"), st.integers(0, 50))
+answer = st.one_of(st.tuples(st.just("ai"), sizes), tools, late, reask)
 anything = st.one_of(system, st.tuples(st.just("user"), sizes), answer)
 # With whole turns a batch is a turn, as a service adds it.
 turn = st.builds(

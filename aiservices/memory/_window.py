@@ -447,22 +447,25 @@ class Window:
                         asks[r.id] = asks.get(r.id, 0) + 1
                         asked.append(r.id)
             k = j
-            if asked and any(
-                answered.get(r, 0) > answers.get(r, 0) and opened.get(r, 0) <= asks[r]
-                for r in asked
-            ):
+            # Results of an evicted request left further on (another request with the same
+            # id may follow them, but a result answers a request before it).
+            if asked and any(answered.get(r, 0) > answers.get(r, 0) for r in asked):
                 return k, True
         return k, False
 
     def _drop_orphans(self) -> list[ChatMessage]:
-        """Drop tool results whose request left the window (rare: results not right after it)."""
-        opened, answered = self.opened, self.answered
+        """Drop tool results with no request before them in the window (rare: results not
+        right after their request), as `load` leaves them out."""
+        answered = self.answered
+        asked: set[str] = set()
         msgs: list[ChatMessage] = []
         costs: list[int] = []
         dropped: list[ChatMessage] = []
         before_system = 0
         for i, (m, cost) in enumerate(zip(self.msgs, self.costs, strict=True)):
-            if isinstance(m, ToolExecutionResultMessage) and not opened.get(m.id):
+            if isinstance(m, AiMessage):
+                asked.update(r.id for r in m.tool_execution_requests)
+            elif isinstance(m, ToolExecutionResultMessage) and m.id not in asked:
                 dropped.append(m)
                 _decrement(answered, m.id)
                 self.total -= cost
