@@ -18,6 +18,7 @@ __all__ = [
     "LazyClient",
     "SdkChatModel",
     "Secret",
+    "followed_client",
     "cached",
     "cached_each",
     "check_choice",
@@ -85,8 +86,9 @@ class LazyClient(Generic[SyncT]):
 
     def _connection_options(self) -> dict[str, Any]:
         options = dict(self._client_options)
-        if "api_key" in options:
-            options["api_key"] = options["api_key"].value
+        for name, value in options.items():
+            if isinstance(value, Secret):
+                options[name] = value.value
         return options
 
     def _close_client(self) -> None:
@@ -230,17 +232,30 @@ def client_options(
 ) -> dict[str, Any]:
     """Keyword arguments for the SDK clients a model makes, the key wrapped in a `Secret`.
 
-    A setting left ``None`` is taken from the handed-in sync ``client``, if any, so the
-    clients made beside it talk to the same server the same way.
+    A setting left ``None`` is taken from the handed-in ``client`` (sync or async), if any,
+    headers it was made with included, so the clients made beside it talk to the same
+    server the same way.
     """
     options: dict[str, Any] = {} if api_key is None else {"api_key": Secret(api_key)}
     for name, given in settings.items():
         value = getattr(client, name, None) if given is None and client is not None else given
         if value is not None:
             options[name] = value
+    if default_headers is None and client is not None:
+        # The headers it was made with, without those the SDK adds (auth, platform): the
+        # SDK keeps them apart, under this name, in both SDKs.
+        custom = getattr(client, "_custom_headers", None)
+        if isinstance(custom, Mapping) and custom:
+            default_headers = dict(custom)
     if default_headers is not None:
         options["default_headers"] = default_headers
     return options
+
+
+def followed_client(client: object, async_client: object) -> Any:
+    """The handed-in client whose settings the clients a model makes follow: the sync one,
+    else the async one."""
+    return client if client is not None else async_client
 
 
 # -- request mapping -------------------------------------------------------------------------

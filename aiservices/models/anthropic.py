@@ -30,6 +30,7 @@ from . import ChatRequest, ChatResponse, ResponseFormat, TokenUsage, ToolSpecifi
 from ._anthropic_tokens import AnthropicTokenCountEstimator
 from ._sdk import (
     SdkChatModel,
+    Secret,
     cached,
     cached_each,
     check_choice,
@@ -39,6 +40,7 @@ from ._sdk import (
     check_transport,
     client_options,
     create_keywords,
+    followed_client,
     merge_extra,
     plain,
 )
@@ -137,18 +139,22 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             },
         )
         self.model_name = model
-        if base_url is None and client is not None:
-            base_url = str(client.base_url)
-        if api_key is None and client is not None and client.api_key:
-            api_key = client.api_key  # the async client follows a handed-in sync client
+        followed = followed_client(client, async_client)
+        if base_url is None and followed is not None:
+            base_url = str(followed.base_url)
+        if api_key is None and followed is not None and followed.api_key:
+            api_key = followed.api_key  # the client made follows the one handed in
         options = client_options(
             api_key,
-            client,
+            followed,
             default_headers=default_headers,
             base_url=base_url,
             timeout=timeout,
             max_retries=max_retries,
         )
+        if api_key is None and followed is not None and followed.auth_token:
+            # A gateway's bearer token instead of a key.
+            options["auth_token"] = Secret(followed.auth_token)
         super().__init__(
             _SDK,
             client,

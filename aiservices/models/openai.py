@@ -38,6 +38,7 @@ from ._sdk import (
     check_transport,
     client_options,
     create_keywords,
+    followed_client,
     merge_extra,
     plain,
 )
@@ -136,14 +137,15 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         )
         self.model_name = model
         # The URL requests go to: ours, else a handed-in client's, else the SDK's default.
-        if base_url is None and client is not None:
-            base_url = str(client.base_url)
+        followed = followed_client(client, async_client)
+        if base_url is None and followed is not None:
+            base_url = str(followed.base_url)
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
         options: dict[str, Any] = {}  # with both clients handed in, none is ever made
         if async_client is None or client is None:
             key = api_key
-            if key is None and client is not None and isinstance(client.api_key, str):
-                key = client.api_key  # the async client follows a handed-in sync client
+            if key is None and followed is not None and isinstance(followed.api_key, str):
+                key = followed.api_key  # the client made follows the one handed in
             key = key or os.environ.get("OPENAI_API_KEY") or None
             if key is None:
                 if base_url is None:
@@ -154,7 +156,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
                 key = LOCAL_SERVER_API_KEY
             options = client_options(
                 key,
-                client,
+                followed,
                 default_headers=default_headers,
                 base_url=base_url,
                 timeout=timeout,
@@ -366,6 +368,18 @@ def _schema_name(name: str) -> str:
 # -- response mapping ----------------------------------------------------------------------
 
 
+def _error_in_body(completion: Any, error: object) -> ValueError:
+    """The error a server reported in the body of a successful answer, in its own words."""
+    message, code = error, None
+    if isinstance(error, dict):
+        message = error.get("message") or error
+        code = error.get("code") or error.get("type")
+    where = f" (code {code})" if code is not None else ""
+    return ValueError(
+        f"the server answered with an error instead of a completion{where}: {message}"[:1000]
+    )
+
+
 def _response(completion: Any) -> ChatResponse:
     if not isinstance(completion, ChatCompletion):
         # The SDK hands back the raw body when a server answers with something else.
@@ -374,6 +388,11 @@ def _response(completion: Any) -> ChatResponse:
         )
     choices = completion.choices
     if not choices:
+        error = (completion.model_extra or {}).get("error")
+        if error is not None:
+            # A failure after the server had begun (an upstream model behind a gateway),
+            # reported in a 200 answer's body: the server's own words are the news.
+            raise _error_in_body(completion, error)
         raise ValueError(
             f"the server answered with no choices (completion id {completion.id!r}); "
             "an OpenAI-compatible server must return at least one"
@@ -391,7 +410,9 @@ def _response(completion: Any) -> ChatResponse:
             call.id or _new_call_id(), call.function.name, call.function.arguments or "{}"
         )
         for call in message.tool_calls or ()
-        if call.type == "function"
+        # Some compatible servers leave "type" out (or null): a function is still a function,
+        # as the stream's deltas are read.
+        if call.type in ("function", None) and getattr(call, "function", None) is not None
     ]
     usage = completion.usage
     return ChatResponse(

@@ -595,6 +595,42 @@ async def test_handed_in_client_is_used_left_open_and_followed_by_the_async_path
     ]
 
 
+async def test_a_handed_in_client_with_a_bearer_token_is_followed_by_the_async_path(
+    anthropic_server: AnthropicServer,
+) -> None:
+    # A gateway that takes a bearer token instead of an API key, and a header of its own.
+    anthropic_server.reply_text("sync")
+    anthropic_server.reply_text("async")
+    client = anthropic.Anthropic(
+        auth_token="gateway-token",
+        base_url=anthropic_server.origin,
+        max_retries=0,
+        default_headers={"X-Tenant": "acme"},
+    )
+    try:
+        async with AnthropicChatModel(MODEL, client=client) as model:
+            assert model.chat(ask()).ai_message.text == "sync"
+            assert (await model.achat(ask())).ai_message.text == "async"
+    finally:
+        client.close()
+    for sent in anthropic_server.requests:
+        assert sent.headers["authorization"] == "Bearer gateway-token"
+        assert sent.headers["x-tenant"] == "acme"
+
+
+async def test_a_handed_in_async_client_alone_is_followed_by_the_sync_path(
+    anthropic_server: AnthropicServer,
+) -> None:
+    anthropic_server.reply_text("sync")
+    async with anthropic.AsyncAnthropic(
+        api_key="sk-ant-gateway", base_url=anthropic_server.origin, max_retries=0
+    ) as async_client:
+        with AnthropicChatModel(MODEL, async_client=async_client) as model:
+            assert anthropic_server.origin in repr(model)
+            assert model.chat(ask()).ai_message.text == "sync"
+    assert _sent_key(anthropic_server) == "sk-ant-gateway"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -695,6 +695,78 @@ async def test_async_path_follows_a_handed_in_sync_client(openai_server: OpenAIS
     assert openai_server.last.headers["authorization"] == "Bearer sk-handed-in"
 
 
+async def test_a_handed_in_async_client_alone_is_followed_as_a_sync_one_is(
+    openai_server: OpenAIServer,
+) -> None:
+    # A local server's async client: its key, URL and headers are the model's, so the sync
+    # client made for chat() goes there too, and max_tokens goes under the field such
+    # servers know.
+    openai_server.reply_text("async")
+    openai_server.reply_text("sync")
+    async_client = openai.AsyncOpenAI(
+        api_key="sk-local",
+        base_url=openai_server.base_url,
+        max_retries=0,
+        default_headers={"X-Tenant": "acme"},
+    )
+    async with async_client:
+        model = OpenAIChatModel("qwen2.5", async_client=async_client, max_tokens=50)
+        assert openai_server.base_url.rstrip("/") in repr(model)
+        assert (await model.achat(ask())).ai_message.text == "async"
+        with model:
+            assert model.chat(ask()).ai_message.text == "sync"
+    for sent in openai_server.requests:
+        assert sent.headers["authorization"] == "Bearer sk-local"
+        assert sent.headers["x-tenant"] == "acme"
+        assert sent.body["max_tokens"] == 50
+        assert "max_completion_tokens" not in sent.body
+
+
+async def test_the_async_path_sends_the_headers_of_a_handed_in_sync_client(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.reply_text("async")
+    client = openai.OpenAI(
+        api_key=OPENAI_KEY, base_url=openai_server.base_url, default_headers={"X-Tenant": "acme"}
+    )
+    try:
+        async with OpenAIChatModel(MODEL, client=client) as model:
+            await model.achat(ask())
+    finally:
+        client.close()
+    assert openai_server.last.headers["x-tenant"] == "acme"
+
+
+def test_a_tool_call_without_a_type_is_still_a_tool_call(openai_server: OpenAIServer) -> None:
+    # Some compatible servers leave "type" out of a tool call, as the stream's deltas may.
+    body = completion(None, finish_reason="tool_calls")
+    body["choices"][0]["message"]["tool_calls"] = [
+        {"id": "call_1", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ]
+    openai_server.reply_body(body)
+    with OpenAIChatModel(MODEL, base_url=openai_server.base_url, api_key=OPENAI_KEY) as model:
+        answer = model.chat(ask()).ai_message
+    assert answer.tool_execution_requests == [
+        ToolExecutionRequest("call_1", "get_weather", '{"city": "Paris"}')
+    ]
+
+
+def test_an_error_in_a_successful_answer_is_raised_in_the_servers_words(
+    openai_server: OpenAIServer,
+) -> None:
+    # As a gateway answers when the model behind it failed after the answer had begun.
+    openai_server.reply_body(
+        {"error": {"code": 502, "message": "Upstream provider returned an invalid response"}}
+    )
+    with (
+        OpenAIChatModel(
+            MODEL, base_url=openai_server.base_url, api_key=OPENAI_KEY, max_retries=0
+        ) as model,
+        pytest.raises(ValueError, match=r"\(code 502\): Upstream provider returned an invalid"),
+    ):
+        model.chat(ask())
+
+
 def test_options_that_both_handed_in_clients_would_ignore_are_an_error() -> None:
     with (
         openai.OpenAI(api_key=OPENAI_KEY) as client,
