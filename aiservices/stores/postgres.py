@@ -1461,10 +1461,15 @@ class _Statements:
             "WITH ORDINALITY AS u(message_id, turn_id, created_at, message, ord)"
         )
         # Taking sequence numbers locks the conversation's row until the transaction ends.
+        # A conversation begun (again) numbers from the clock in microseconds: numbers held
+        # by a reader of one emptied before are lower, since writing them took longer. The
+        # transaction's now() is the same at both places it is read.
+        clock = "(extract(epoch FROM now()) * 1000000)::bigint"
         allocate = (
             "INSERT INTO {conversations} AS c (memory_key, last_seq, full_key) "
-            "VALUES (%s, %s, %s) "
-            "ON CONFLICT (memory_key) DO UPDATE SET last_seq = c.last_seq + excluded.last_seq"
+            f"VALUES (%s, {clock} + %s, %s) "
+            "ON CONFLICT (memory_key) DO UPDATE SET "
+            f"last_seq = c.last_seq + excluded.last_seq - {clock}"
         )
         self.allocate = render(allocate)
         self.allocate_returning = render(f"{allocate} RETURNING last_seq")
@@ -1522,7 +1527,13 @@ class _Statements:
         )
         self.forget_history = render("DELETE FROM {history} WHERE memory_key = %s")
         self.drop_conversation = render("DELETE FROM {conversations} WHERE memory_key = %s")
-        self.keys = render("SELECT memory_key, full_key FROM {conversations}")
+        # A conversation that holds rows: one whose last messages were removed keeps its
+        # numbering row until it is purged or written again, but holds nothing.
+        self.keys = render(
+            "SELECT c.memory_key, c.full_key FROM {conversations} c "
+            "WHERE EXISTS (SELECT 1 FROM {table} t WHERE t.memory_key = c.memory_key) "
+            "OR EXISTS (SELECT 1 FROM {history} h WHERE h.memory_key = c.memory_key)"
+        )
         # Upgrading version 1: the column, and the conversations to refile under a digest.
         self.add_full_key = render(
             "ALTER TABLE {conversations} ADD COLUMN IF NOT EXISTS full_key bytea"

@@ -108,17 +108,20 @@ end
 local function append(pairs_from, token)
   local count = (#ARGV - pairs_from + 1) / 2
   if redis.call('EXISTS', n) == 0 then
-    -- Numbering starts from the clock (milliseconds): a conversation emptied and begun
-    -- again never reuses a number that a reader may still hold for another message.
+    -- Numbering starts from the clock (microseconds, exact in a Lua number until the year
+    -- 2255): a conversation emptied and begun again never reuses a number that a reader
+    -- may still hold for another message, since writing each number took longer than that.
     local t = redis.call('TIME')
-    redis.call('SET', n, t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)))
+    redis.call('SET', n, t[1] .. string.format('%06d', tonumber(t[2])))
   end
   local seq = redis.call('INCRBY', n, count) - count
   for k = pairs_from, #ARGV, 2 do
     seq = seq + 1
+    -- Written with every digit ('..' would write a number this large with 14).
+    local number = string.format('%d', seq)
     redis.call('RPUSH', w, ARGV[k + 1])
-    redis.call('RPUSH', s, seq)
-    redis.call('HSET', x, ARGV[k], seq .. ' ' .. token)
+    redis.call('RPUSH', s, number)
+    redis.call('HSET', x, ARGV[k], number .. ' ' .. token)
   end
 end
 -- Whether a write comes too late: the call that sent it stops waiting at the deadline

@@ -355,13 +355,23 @@ class SqliteChatMemoryStore:
             conn.execute("BEGIN IMMEDIATE")
             # Numbered after the rows removed too: a number is never given twice while the
             # conversation has rows, so a reader's mark never meets another message.
-            (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
+            last = self._last_seq(conn, key)
             if removed:
                 self._evict(conn, key, list(removed))
             if appended:
                 self._append(conn, memory_id, key, appended, None, last=last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
+
+    def _last_seq(self, conn: sqlite3.Connection, key: str) -> int:
+        """The number the next row follows: the conversation's last, window and history.
+
+        A conversation with no rows (new, or emptied) numbers from the clock in
+        microseconds: numbers a reader holds from before it was emptied are lower, since
+        writing them took longer than that.
+        """
+        (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
+        return last if last >= 0 else time.time_ns() // 1000
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -378,7 +388,7 @@ class SqliteChatMemoryStore:
         conn = self._connection()
         with self._shared.write_lock, conn:
             conn.execute("BEGIN IMMEDIATE")
-            (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
+            last = self._last_seq(conn, key)
             stored = conn.execute(self._sql.read_window, (key,)).fetchall()
             plan = plan_update(stored, wanted)
             if plan.removed or plan.changed:

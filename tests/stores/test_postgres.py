@@ -206,7 +206,7 @@ def test_rows_carry_their_metadata_in_columns(
         ).format(ident(table))
     ).fetchall()
     assert [r[0] for r in rows] == ["\x1ftuple:('k', 1)"] * 2
-    assert [r[1] for r in rows] == [1, 2]
+    assert rows[1][1] == rows[0][1] + 1  # numbered in order (from the clock, in µs)
     assert [r[2:4] for r in rows] == [("m1", "t1"), ("m2", None)]
     assert rows[0][4] == naive.replace(tzinfo=UTC)  # a naive time is read as UTC
     assert rows[1][4] == aware
@@ -278,7 +278,9 @@ def test_a_reordering_update_renumbers_rows_in_place(
         sql.SQL("SELECT message_id, seq FROM {} ORDER BY seq").format(ident(table))
     ).fetchall()
     assert [mid for mid, _ in seqs][:3] == [c.message_id, b.message_id, a.message_id]
-    assert [seq for _, seq in seqs] == [4, 5, 6, 7]  # numbers are never reused
+    first = seqs[0][1]
+    assert [seq for _, seq in seqs] == [first, first + 1, first + 2, first + 3]
+    assert first > 3  # numbers are never reused
 
 
 # -- concurrency ---------------------------------------------------------------------------------
@@ -353,14 +355,16 @@ def test_a_corrupt_row_is_reported_with_the_memory_id_and_seq(
     store: PostgresChatMemoryStore, raw: psycopg.Connection[Any], table: str
 ) -> None:
     store.update_messages("alice", [user("a"), user("b")])
+    ((second,),) = raw.execute(sql.SQL("SELECT max(seq) FROM {}").format(ident(table))).fetchall()
     raw.execute(
-        sql.SQL('UPDATE {} SET message = \'{{"type": "user"\' WHERE seq = 2').format(ident(table))
+        sql.SQL('UPDATE {} SET message = \'{{"type": "user"\' WHERE seq = %s').format(ident(table)),
+        (second,),
     )
     with pytest.raises(CorruptMessageError) as caught:
         store.get_messages("alice")
     assert caught.value.memory_id == "alice"
-    assert caught.value.row == 2
-    assert f"memory_key = 'alice' and seq = 2 in table {table!r}" in str(caught.value)
+    assert caught.value.row == second
+    assert f"memory_key = 'alice' and seq = {second} in table {table!r}" in str(caught.value)
     store.delete_messages("alice")
     assert store.get_messages("alice") == []
 

@@ -65,6 +65,25 @@ def test_a_conversation_emptied_and_begun_again_is_read_afresh(backend: OpenedBa
     assert texts(now) == ["new 1", "new 2"]
 
 
+def test_a_long_conversation_emptied_and_begun_at_once_is_read_afresh(
+    backend: OpenedBackend,
+) -> None:
+    # More messages than milliseconds passed before it was begun again, and one message
+    # stored again under its id with another text: no number the reader holds may be
+    # reused for another message.
+    store, other = backend.open(), backend.open()
+    _reads_since(store)
+    old = [user(f"old {i}") for i in range(3000)]
+    store.update_messages("c", old)
+    _, since = store.get_messages_since("c")
+    other.delete_messages("c")
+    edited = old[0].model_copy(update={"text": "edited"})
+    other.update_messages("c", [edited])
+    now, _ = store.get_messages_since("c", since)
+    assert texts(now) == ["edited"]
+    assert now[0].message_id == old[0].message_id
+
+
 def test_a_window_renumbered_by_another_writer_is_read_right(backend: OpenedBackend) -> None:
     store, other = backend.open(), backend.open()
     _reads_since(store)

@@ -675,6 +675,18 @@ def test_memory_ids_lists_each_conversation_with_its_id_as_given(backend: Opened
     assert 7 not in list(store.memory_ids())
 
 
+def test_a_conversation_whose_messages_were_all_removed_is_not_listed(
+    backend: OpenedBackend,
+) -> None:
+    store = backend.open()
+    a = user("a")
+    store.apply_changes(1, appended=[a], removed=[])
+    store.apply_changes("kept", appended=[user("b")], removed=[])
+    store.apply_changes(1, appended=[], removed=[a.message_id])
+    assert store.get_messages(1) == []
+    assert list(store.memory_ids()) == ["kept"]
+
+
 def test_memory_ids_of_an_empty_store_is_empty(backend: OpenedBackend) -> None:
     assert list(backend.open().memory_ids()) == []
 
