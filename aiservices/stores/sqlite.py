@@ -363,7 +363,7 @@ class SqliteChatMemoryStore:
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
-    def _last_seq(self, conn: sqlite3.Connection, key: str) -> int:
+    def _last_seq(self, conn: sqlite3.Connection, key: str | bytes) -> int:
         """The number the next row follows: the conversation's last, window and history.
 
         A conversation with no rows (new, or emptied) numbers from the clock in
