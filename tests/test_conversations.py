@@ -70,7 +70,7 @@ async def test_async_calls_make_memories_without_blocking_the_event_loop() -> No
     made: list[Hashable] = []
 
     def slow_provider(memory_id: Hashable) -> ChatMemory:
-        time.sleep(0.3)
+        time.sleep(0.5)
         made.append(memory_id)
         return MessageWindowChatMemory(10, id=memory_id)
 
@@ -81,7 +81,7 @@ async def test_async_calls_make_memories_without_blocking_the_event_loop() -> No
 
     async def ticker() -> None:
         last = time.perf_counter()
-        for _ in range(40):
+        for _ in range(60):
             await asyncio.sleep(0.01)
             now = time.perf_counter()
             gaps.append(now - last)
@@ -92,7 +92,7 @@ async def test_async_calls_make_memories_without_blocking_the_event_loop() -> No
     await ticking
     assert answers == ["ok"] * 3
     assert made == ["new"]
-    assert max(gaps) < 0.2, f"the event loop stalled {max(gaps):.2f} s"
+    assert max(gaps) < 0.3, f"the event loop stalled {max(gaps):.2f} s"
     assert len(bot.get_chat_memory("new").messages()) == 6
 
 
