@@ -199,8 +199,8 @@ class Call:
     user_text: str
     user_name: str | None
     context: object = None
-    info: CallInfo | None = None
     scope: MemoryScope | None = None  # the scope whose conversation the call uses
+    info: CallInfo | None = None
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
@@ -269,7 +269,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         value = args[plan.user_message_index]
         text = value if type(value) is str else render_value(value)
     name = args[plan.user_name_index] if plan.user_name_index is not None else None
-    return Call(plan, memory_id, key, conversation, system, text, name, context, scope=scope)
+    return Call(plan, memory_id, key, conversation, system, text, name, context, scope)
 
 
 def turn(state: ServiceState, call: Call) -> Turn:
