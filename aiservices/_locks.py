@@ -54,13 +54,7 @@ class TurnLock:
         except BaseException:
             # Interrupted while waiting (KeyboardInterrupt): leave the queue, or pass on a
             # lock handed over meanwhile, so that it never goes to a waiter that is gone.
-            with mutex:
-                try:
-                    self._queue().remove(event)
-                    waiting = True
-                except ValueError:
-                    waiting = False
-            if not waiting:
+            if not self._withdraw(event):
                 self.release()
             raise
 
@@ -90,13 +84,7 @@ class TurnLock:
         try:
             await future
         except asyncio.CancelledError:
-            with self._mutex:
-                try:
-                    self._queue().remove(entry)
-                    waiting = True
-                except ValueError:
-                    waiting = False
-            if not waiting and future.done() and not future.cancelled():
+            if not self._withdraw(entry) and future.done() and not future.cancelled():
                 # The lock was handed over just as the task was cancelled: pass it on.
                 self.release()
             raise
@@ -112,6 +100,18 @@ class TurnLock:
             self._hand_on()
         finally:
             mutex.release()
+
+    def _withdraw(
+        self, waiter: threading.Event | tuple[asyncio.Future[None], asyncio.AbstractEventLoop]
+    ) -> bool:
+        """Take a waiter that gives up out of the queue; ``False`` if the lock was handed to
+        it already."""
+        with self._mutex:
+            try:
+                self._queue().remove(waiter)
+            except ValueError:
+                return False
+        return True
 
     def _queue(
         self,
