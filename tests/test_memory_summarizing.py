@@ -598,3 +598,29 @@ def test_a_copied_summary_folded_at_once_is_never_stored_beside_the_new_one() ->
     stored = target.store.get_messages("default")
     assert sum(is_summary(m) for m in stored) == 1
     assert texts(target.messages()) == texts(stored[-1:]) + texts(copied[1:])
+
+
+def test_reads_of_an_unchanged_store_reuse_the_window_with_its_summary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The summary is stored where it was appended and shown first: the window still holds
+    # what the store holds, and is not built again at each read.
+    from aiservices.memory import _window_memory
+
+    memory = SummarizingChatMemory(max_messages=6, summarizer=Summarizer())
+    for i in range(8):
+        memory.messages()
+        memory.add(*turn(i))
+    assert is_summary(memory.messages()[0])
+    loads = 0
+    load = _window_memory.WindowChatMemory._load
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal loads
+        loads += 1
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(_window_memory.WindowChatMemory, "_load", counted)
+    for _ in range(5):
+        memory.messages()
+    assert loads == 0

@@ -176,15 +176,14 @@ class Window:
             return False
         if all(map(is_, stored, mine)) or all(map(_same, stored, mine)):
             return True
-        # A store keeps the system message where it was appended, a window kept with it
-        # first shows it there: only then may it stand elsewhere (any other order is a
-        # rewrite by another writer, which the window must show).
-        system = self.system
-        if system is None or not self.keep_system_first:
-            return False
-        if not any(m is system for m in stored):
-            return False  # (so that both sides below are one message shorter)
-        return all(map(is_, _without(stored, system), _without(mine, system)))
+        # A store keeps the system message and the lead where they were appended; a window
+        # shows the lead after the system message, and the system message first when kept
+        # first. Only those may stand elsewhere (any other order is a rewrite by another
+        # writer, which the window must show).
+        moved = [m for m in (self.system if self.keep_system_first else None, self.lead) if m]
+        if not moved or not all(any(m is x for m in stored) for x in moved):
+            return False  # (so that both sides below are as much shorter)
+        return all(map(is_, _without(stored, moved), _without(mine, moved)))
 
     def load(
         self, messages: Sequence[ChatMessage], is_lead: Callable[[ChatMessage], bool] | None
@@ -485,8 +484,8 @@ def _same(a: ChatMessage, b: ChatMessage) -> bool:
     return a is b or (a.message_id is not None and a.message_id == b.message_id and a == b)
 
 
-def _without(messages: Sequence[ChatMessage], system: ChatMessage) -> Iterator[ChatMessage]:
-    return (m for m in messages if m is not system)
+def _without(messages: Sequence[ChatMessage], left: list[ChatMessage]) -> Iterator[ChatMessage]:
+    return (m for m in messages if not any(m is x for x in left))
 
 
 def _decrement(counts: dict[str, int], key: str) -> None:
