@@ -510,6 +510,8 @@ def _arguments_error(request: ToolExecutionRequest, exc: ValueError) -> ToolArgu
 
 
 def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedError:
+    if isinstance(exc, _Stopped):
+        exc = exc.stop
     detail = str(exc)
     kind = type(exc).__name__
     error = ToolRaisedError(
@@ -533,7 +535,9 @@ async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> An
 
     loop = asyncio.get_running_loop()
     context = contextvars.copy_context()
-    future = loop.run_in_executor(None, functools.partial(context.run, fn, *args, **kwargs))
+    future = loop.run_in_executor(
+        None, functools.partial(context.run, _carry_stop, fn, args, kwargs)
+    )
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -543,6 +547,23 @@ async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> An
         if not future.cancelled():
             future.exception()  # retrieved: the call is cancelled, its result unused
         raise
+
+
+class _Stopped(Exception):
+    """A ``StopIteration`` a function raised in a worker thread, carried to the awaiting side."""
+
+    def __init__(self, stop: StopIteration) -> None:
+        super().__init__(str(stop))
+        self.stop = stop
+
+
+def _carry_stop(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # asyncio can't set a StopIteration as a future's outcome: the future would never be
+    # done, and the call would wait for it forever (a failed `next(...)` in a tool, say).
+    try:
+        return fn(*args, **kwargs)
+    except StopIteration as stop:
+        raise _Stopped(stop) from stop
 
 
 def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:

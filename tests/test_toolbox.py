@@ -435,6 +435,20 @@ def test_a_tool_that_raises() -> None:
     assert box.execute(call("fail")).result == "Tool 'fail' raised KeyError"
 
 
+async def test_a_sync_tool_raising_stop_iteration_is_reported_in_an_async_call() -> None:
+    # The everyday `next(...)` that finds nothing. asyncio can't hold a StopIteration as a
+    # future's outcome, so carried as it is from the tool's thread the call never ended.
+    def find(order_id: str) -> str:
+        return next(o for o in ["1"] if o == order_id)
+
+    box = Toolbox.from_objects([find])
+    execution = await asyncio.wait_for(box.aexecute(call("find", '{"order_id": "9"}')), 5)
+    assert isinstance(execution.error, ToolRaisedError)
+    assert execution.result == "Tool 'find' raised StopIteration"
+    assert isinstance(execution.error.__cause__, StopIteration)
+    assert box.execute(call("find", '{"order_id": "9"}')).result == execution.result
+
+
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
 def test_interrupts_are_never_converted(exc: type[BaseException]) -> None:
     def stop() -> None:
