@@ -40,7 +40,7 @@ from .stores import ChatMemoryStore
 if TYPE_CHECKING:
     from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
     from ._result import Result
-    from ._text_streams import AsyncTextStream, TextStream
+    from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, TextStream
     from .memory import (
         MessageWindowChatMemory,
         SummarizingChatMemory,
@@ -84,6 +84,8 @@ _LAZY = {
     "ToolCallFinished": "._events",
     "TurnCompleted": "._events",
     "AsyncTextStream": "._text_streams",
+    "EventStream": "._text_streams",
+    "AsyncEventStream": "._text_streams",
     "tool": ".tools",
     "Tool": ".tools",
     "ToolExecution": ".tools",
@@ -136,6 +138,7 @@ def _needs_extra(name: str, extra: str, missing: str) -> type:
 __all__ = [
     "AiMessage",
     "AiServiceError",
+    "AsyncEventStream",
     "AsyncTextStream",
     "ChatMemory",
     "ChatMemoryAccess",
@@ -147,6 +150,7 @@ __all__ = [
     "ChatRequestParameters",
     "ChatResponse",
     "Context",
+    "EventStream",
     "GuardrailError",
     "IncompleteResponseError",
     "InMemoryChatMemoryStore",

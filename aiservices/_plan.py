@@ -18,7 +18,7 @@ from ._events import StreamEvent
 from ._output import OutputPlan, UnsupportedOutputType, plan_output
 from ._result import Result
 from ._templates import BUILTIN_VARIABLES, Template
-from ._text_streams import AsyncTextStream, TextStream
+from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, TextStream
 from .errors import InterfaceError
 from .guardrails import GUARDRAILS_ATTRIBUTE
 from .markers import Context, MemoryId, UserName, V, is_marker
@@ -121,9 +121,13 @@ def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] 
     A string is the problem with a streaming declaration.
     """
     origin = get_origin(annotation) or annotation
-    if origin in (collections.abc.Iterator, collections.abc.Iterable, TextStream):
+    if origin is AsyncEventStream:
+        return "aevents", str, True
+    if origin in (collections.abc.Iterator, collections.abc.Iterable, TextStream, EventStream):
         if is_async:
             return "an async def method streams with AsyncIterator[str]"
+        if origin is EventStream:
+            return "events", str, True
         inner = _only_arg(annotation) if origin is not TextStream else str
         if inner == StreamEvent:
             return "events", str, True
@@ -133,6 +137,8 @@ def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] 
         if inner == StreamEvent:
             return "aevents", str, True
         return ("astream", inner, True) if inner is str else _STREAMS_YIELD
+    if origin is collections.abc.Generator or origin is collections.abc.AsyncGenerator:
+        return "what a streaming method returns is an iterator, not a generator"
     if origin is Result:
         return ("async" if is_async else "sync"), _only_arg(annotation), True
     return ("async" if is_async else "sync"), annotation, False
@@ -317,7 +323,8 @@ def plan_method(
             _problem(
                 where,
                 f"{kind_or_problem}: declare `def m(...) -> Iterator[str]` (or "
-                f"Iterator[StreamEvent]) or `async def m(...) -> AsyncIterator[str]`, not "
+                "Iterator[StreamEvent]) or `async def m(...) -> AsyncIterator[str]` (or "
+                f"AsyncIterator[StreamEvent]), not "
                 f"{hints['return']!r}",
             )
         )

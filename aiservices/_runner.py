@@ -10,12 +10,12 @@ It holds no rule of the turn: those are all in ``_turn``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
-from ._text_streams import AsyncTextStream, ResultBox, TextStream
+from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._turn import (
     CALL,
     COMMIT,
@@ -81,32 +81,27 @@ def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) ->
     """Start a streaming call: bind now, run when the first chunk is asked for."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return TextStream(_texts(_opened(call, _events(state, call)), box), box)
+    return TextStream(_texts(_opened(call, _events(state, call, box))), box)
 
 
-def events_sync(
-    state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
-) -> Iterator[StreamEvent]:
+def events_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> EventStream:
     """Start a call that streams its events: bind now, run when the first is asked for."""
     call = bind(state, plan, args)
-    return _opened(call, _events(state, call))
+    box = ResultBox()
+    return EventStream(_opened(call, _events(state, call, box)), box)
 
 
-def _texts(
-    events: Generator[StreamEvent, None, None], sink: ResultBox
-) -> Generator[str, None, None]:
+def _texts(events: Generator[StreamEvent, None, None]) -> Generator[str, None, None]:
     try:
         for event in events:
             if type(event) is TextDelta:
                 yield event.text
-            elif type(event) is TurnCompleted:
-                sink.result = event.result
     finally:
         events.close()
 
 
-def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, None]:
-    # The conversation is held from the first event asked for until the stream ends.
+def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[StreamEvent, None, None]:
+    # The conversation is held from the first event asked for until the turn is recorded.
     conversation = _hold(state, call)
     completed = False
     try:
@@ -134,6 +129,12 @@ def _events(state: ServiceState, call: Call) -> Generator[StreamEvent, None, Non
                     error = raised
         except StopIteration as stop:
             completed = True  # recorded and reported: closing from here on is no failure
+            box.result = stop.value
+            # Free before the last events: a consumer that calls on the conversation when
+            # it sees TurnCompleted must not wait for the stream to be asked once more.
+            if conversation is not None:
+                conversation.lock.release()
+                conversation = None
             direct = unstreamed_text(stop.value)
             if direct:
                 yield TextDelta(direct)
@@ -206,7 +207,7 @@ def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, No
             final = piece
         elif piece:
             yield TextDelta(piece)
-    return _final(model, final)
+    return _final(model, final, "stream")
 
 
 # -- awaiting -------------------------------------------------------------------------
@@ -247,31 +248,28 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncTextStream(_atexts(_opened(call, _aevents(state, call)), box), box)
+    return AsyncTextStream(_atexts(_opened(call, _aevents(state, call, box))), box)
 
 
-def events_async(
-    state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]
-) -> AsyncIterator[StreamEvent]:
+def events_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncEventStream:
     """Start an async call that streams its events: bind now, run when the first is awaited."""
     call = bind(state, plan, args)
-    return _opened(call, _aevents(state, call))
+    box = ResultBox()
+    return AsyncEventStream(_opened(call, _aevents(state, call, box)), box)
 
 
-async def _atexts(
-    events: AsyncGenerator[StreamEvent, None], sink: ResultBox
-) -> AsyncGenerator[str, None]:
+async def _atexts(events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[str, None]:
     try:
         async for event in events:
             if type(event) is TextDelta:
                 yield event.text
-            elif type(event) is TurnCompleted:
-                sink.result = event.result
     finally:
         await events.aclose()
 
 
-async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEvent, None]:
+async def _aevents(
+    state: ServiceState, call: Call, box: ResultBox
+) -> AsyncGenerator[StreamEvent, None]:
     conversation = await _ahold(state, call)
     completed = False
     try:
@@ -300,16 +298,28 @@ async def _aevents(state: ServiceState, call: Call) -> AsyncGenerator[StreamEven
                             yield TextDelta(value.ai_message.text)
                     else:
                         value = None
-                        async for piece in astream(argument):
-                            if isinstance(piece, ChatResponse):
-                                value = piece
-                            elif piece:
-                                yield TextDelta(piece)
-                        value = _final(model, value)
+                        pieces = astream(argument)
+                        try:
+                            async for piece in pieces:
+                                if isinstance(piece, ChatResponse):
+                                    value = piece
+                                elif piece:
+                                    yield TextDelta(piece)
+                        finally:
+                            # Closed now, not when the loop finalises it: a provider's
+                            # stream holds its HTTP response open until then.
+                            aclose = getattr(pieces, "aclose", None)
+                            if aclose is not None:
+                                await aclose()
+                        value = _final(model, value, "astream")
                 except Exception as raised:
                     error = raised
         except StopIteration as stop:
             completed = True
+            box.result = stop.value
+            if conversation is not None:
+                conversation.lock.release()
+                conversation = None
             direct = unstreamed_text(stop.value)
             if direct:
                 yield TextDelta(direct)
@@ -390,10 +400,10 @@ def _observe(conversation: Conversation, request: ChatRequest, response: ChatRes
         conversation.observe(request.messages, response.token_usage)
 
 
-def _final(model: ChatModel, response: ChatResponse | None) -> ChatResponse:
+def _final(model: ChatModel, response: ChatResponse | None, method: str) -> ChatResponse:
     if response is None:
         raise RuntimeError(
-            f"{type(model).__name__}.stream() ended without its final ChatResponse; a stream "
+            f"{type(model).__name__}.{method}() ended without its final ChatResponse; a stream "
             "yields text deltas (str) and then one ChatResponse"
         )
     return response

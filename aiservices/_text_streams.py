@@ -1,4 +1,4 @@
-"""The stream objects a streaming method returns: the answer's text as it arrives.
+"""The stream objects a streaming method returns: the answer's text, or the turn's events.
 
 The turn is committed only when the stream runs to its end; closing it early, or an error
 midway, records nothing. The drivers that fill them are in ``_runner``.
@@ -7,12 +7,18 @@ midway, records nothing. The drivers that fill them are in ``_runner``.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from ._events import StreamEvent
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from ._result import Result
 
-__all__ = ["AsyncTextStream", "ResultBox", "TextStream"]
+__all__ = ["AsyncEventStream", "AsyncTextStream", "EventStream", "ResultBox", "TextStream"]
+
+_T = TypeVar("_T")
 
 
 class ResultBox:
@@ -29,7 +35,70 @@ class ResultBox:
         self.result: Result[str] | None = None
 
 
-class TextStream(Iterator[str]):
+class _Stream(Iterator[_T], Generic[_T]):
+    """What a sync stream is: iterate it, close it (or leave a ``with`` block), read ``result``."""
+
+    __slots__ = ("_box", "_source")
+
+    def __init__(self, source: Generator[_T, None, None], box: ResultBox | None = None) -> None:
+        self._source = source
+        self._box = ResultBox() if box is None else box
+
+    @property
+    def result(self) -> Result[str] | None:
+        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
+        return self._box.result
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> _T:
+        return next(self._source)
+
+    def close(self) -> None:
+        """Stop the stream early; nothing of the turn is recorded."""
+        self._source.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _AsyncStream(AsyncIterator[_T], Generic[_T]):
+    """What an async stream is: ``async for`` it, ``aclose`` it (or leave an ``async with``
+    block), read ``result``."""
+
+    __slots__ = ("_box", "_source")
+
+    def __init__(self, source: AsyncGenerator[_T, None], box: ResultBox | None = None) -> None:
+        self._source = source
+        self._box = ResultBox() if box is None else box
+
+    @property
+    def result(self) -> Result[str] | None:
+        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
+        return self._box.result
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> _T:
+        return await self._source.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop the stream early; nothing of the turn is recorded."""
+        await self._source.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class TextStream(_Stream[str]):
     """The text of an answer as it arrives; iterate it, then read ``result``.
 
     ``result`` is ``None`` until the stream has ended; then it is a ``Result[str]`` with
@@ -37,60 +106,27 @@ class TextStream(Iterator[str]):
     executions. Declare ``-> TextStream`` instead of ``-> Iterator[str]`` to have it typed.
     """
 
-    __slots__ = ("_box", "_chunks")
-
-    def __init__(self, chunks: Generator[str, None, None], box: ResultBox | None = None) -> None:
-        self._chunks = chunks
-        self._box = ResultBox() if box is None else box
-
-    @property
-    def result(self) -> Result[str] | None:
-        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
-        return self._box.result
-
-    def __iter__(self) -> TextStream:
-        return self
-
-    def __next__(self) -> str:
-        return next(self._chunks)
-
-    def close(self) -> None:
-        """Stop the stream early; nothing of the turn is recorded."""
-        self._chunks.close()
-
-    def __enter__(self) -> TextStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    __slots__ = ()
 
 
-class AsyncTextStream(AsyncIterator[str]):
+class AsyncTextStream(_AsyncStream[str]):
     """The async form of ``TextStream``: ``async for`` it, then read ``result``."""
 
-    __slots__ = ("_box", "_chunks")
+    __slots__ = ()
 
-    def __init__(self, chunks: AsyncGenerator[str, None], box: ResultBox | None = None) -> None:
-        self._chunks = chunks
-        self._box = ResultBox() if box is None else box
 
-    @property
-    def result(self) -> Result[str] | None:
-        """The call's ``Result[str]`` once the stream has ended; ``None`` before."""
-        return self._box.result
+class EventStream(_Stream[StreamEvent]):
+    """A turn's events as they happen (``TextDelta``, ``ToolCallStarted``,
+    ``ToolCallFinished``, and last ``TurnCompleted``); iterate it.
 
-    def __aiter__(self) -> AsyncTextStream:
-        return self
+    The conversation is free again once ``TurnCompleted`` is out. Declare ``-> EventStream``
+    instead of ``-> Iterator[StreamEvent]`` to have ``close()`` and ``with`` typed.
+    """
 
-    async def __anext__(self) -> str:
-        return await self._chunks.__anext__()
+    __slots__ = ()
 
-    async def aclose(self) -> None:
-        """Stop the stream early; nothing of the turn is recorded."""
-        await self._chunks.aclose()
 
-    async def __aenter__(self) -> AsyncTextStream:
-        return self
+class AsyncEventStream(_AsyncStream[StreamEvent]):
+    """The async form of ``EventStream``: ``async for`` it."""
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+    __slots__ = ()

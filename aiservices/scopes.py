@@ -14,6 +14,8 @@ a thread started inside does not. Leaving the block, normally or by an exception
 erases it (memory, stored messages, history), ``"evict"`` drops only the cached memory,
 ``"keep"`` leaves it. Forgetting first closes the streams started inside and not read to
 their end (they record nothing): read a stream inside the block, or keep the conversation.
+In async code, leave with ``async with``: a plain ``with`` can't wait for an async stream
+still running on its loop, and then raises ``RuntimeError`` without forgetting anything.
 """
 
 from __future__ import annotations
@@ -110,12 +112,26 @@ class MemoryScope:
 
     def __exit__(self, *exc_info: object) -> None:
         errors: list[Exception] = []
+        stuck = False
         for stream in self._open_streams():
-            if isinstance(stream, Generator):  # (an async one can't be closed from here)
+            if isinstance(stream, Generator):
                 # Running in another thread (ValueError): the exit waits for it to end.
                 with contextlib.suppress(ValueError):
                     stream.close()
-        for service in self._leave():
+            elif _on_event_loop():
+                # A plain `with` in async code: this thread's loop, which would finish the
+                # stream, is the one the exit would block.
+                stuck = not _close_here(stream) or stuck
+        services = self._leave()
+        if stuck:
+            raise RuntimeError(
+                f"{self!r} ended with a plain `with` while an async stream started in it was "
+                "unfinished; forgetting its conversation would wait for that stream on the "
+                "event loop this exit blocks, so nothing was forgotten. Use `async with "
+                "memory_scope(...)`, or read the stream to its end or `await stream.aclose()` "
+                "inside the block"
+            )
+        for service in services:
             try:
                 if self.on_exit == "forget":
                     service.forget(self.memory_id)
@@ -146,6 +162,29 @@ class MemoryScope:
             except Exception as error:
                 errors.append(error)
         _raise(errors)
+
+
+def _on_event_loop() -> bool:
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _close_here(stream: AsyncGenerator[object, None]) -> bool:
+    """Close ``stream`` without an event loop's help; ``False`` if closing had to wait."""
+    closing = stream.aclose()
+    try:
+        closing.send(None)
+    except StopIteration:
+        return True
+    except (RuntimeError, ValueError):  # running (another task has it), or closing already
+        return False
+    closing.close()  # it awaits something only a loop can finish
+    return False
 
 
 def _raise(errors: list[Exception]) -> None:

@@ -269,3 +269,166 @@ def test_closing_a_stream_after_its_turn_completed_is_no_failure() -> None:
             break
     stream.close()  # type: ignore[attr-defined]
     assert ended == ["end"]
+
+
+def _free_bot() -> Bot:
+    return ai_service(
+        Bot,
+        model=StreamingModel(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        tools=[weather],
+    )
+
+
+def test_the_conversation_is_free_once_turn_completed_is_out() -> None:
+    # A consumer that acts on TurnCompleted inside its loop calls on the conversation while
+    # the stream is still open: that call must not wait for the stream's next step.
+    import threading
+
+    bot = _free_bot()
+    answers: list[str] = []
+
+    def consume() -> None:
+        for event in bot.events("u", "Weather in Oslo?"):
+            if isinstance(event, TurnCompleted):
+                answers.append("".join(bot.text("u", "And tomorrow?")))
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "a call made on TurnCompleted waited for the stream"
+    assert answers == ["It is sunny in Oslo. "]  # the model answers its third round
+    assert [m.text for m in bot.get_chat_memory("u").messages()][-2:] == [
+        "And tomorrow?",
+        "It is sunny in Oslo.",
+    ]
+
+
+async def test_the_conversation_is_free_once_turn_completed_is_out_async() -> None:
+    bot = _free_bot()
+    answers: list[str] = []
+
+    async def consume() -> None:
+        async for event in bot.aevents("u", "Weather in Oslo?"):
+            if isinstance(event, TurnCompleted):
+                async for other in bot.aevents("u", "And tomorrow?"):
+                    if isinstance(other, TurnCompleted):
+                        answers.append(other.result.content)
+
+    await asyncio.wait_for(consume(), 5)
+    assert answers == ["It is sunny in Oslo."]
+
+
+def test_a_stream_left_holding_turn_completed_does_not_hold_the_conversation() -> None:
+    bot = _free_bot()
+    stream = bot.events("u", "Weather in Oslo?")
+    for event in stream:
+        if isinstance(event, TurnCompleted):
+            break
+    # `stream` is still referenced and unfinished; the turn was recorded and let go.
+    memory = bot.get_chat_memory("u")
+    assert not memory_lock(bot, "u").locked
+    assert len(memory.messages()) == 4
+
+
+def memory_lock(bot: Any, memory_id: str) -> Any:
+    from aiservices._conversations import key_of
+
+    entry = bot._state.conversations.cached(key_of(memory_id))
+    assert entry is not None
+    return entry.lock
+
+
+def test_event_streams_close_and_work_as_context_managers() -> None:
+    from aiservices import EventStream
+
+    bot = _free_bot()
+    with bot.events("u", "Weather in Oslo?") as stream:
+        assert isinstance(stream, EventStream)
+        first = next(stream)
+    assert first == TextDelta("Let ")
+    assert bot.get_chat_memory("u").messages() == []  # left early: nothing recorded
+    again = bot.events("u", "Weather in Oslo?")
+    next(again)
+    again.close()  # type: ignore[attr-defined]
+    assert bot.get_chat_memory("u").messages() == []
+    assert not memory_lock(bot, "u").locked
+
+
+async def test_async_event_streams_close_and_work_as_context_managers() -> None:
+    from aiservices import AsyncEventStream
+
+    bot = _free_bot()
+    async with bot.aevents("u", "Weather in Oslo?") as stream:  # type: ignore[attr-defined]
+        assert isinstance(stream, AsyncEventStream)
+        first = await stream.__anext__()
+    assert first == TextDelta("Let ")
+    assert bot.get_chat_memory("u").messages() == []
+    assert not memory_lock(bot, "u").locked
+
+
+def test_event_streams_may_be_declared_by_their_class() -> None:
+    from aiservices import AsyncEventStream, EventStream
+
+    class Typed(Protocol):
+        def events(self, text: str) -> EventStream: ...
+
+        async def aevents(self, text: str) -> AsyncEventStream: ...
+
+    bot = ai_service(Typed, model=StreamingModel(), tools=[weather])
+    with bot.events("Weather in Oslo?") as stream:
+        shape = _shape(list(stream))
+    assert shape == EXPECTED
+    assert stream.result is not None
+    assert stream.result.content == "It is sunny in Oslo."
+
+    bot = ai_service(Typed, model=StreamingModel(), tools=[weather])
+
+    async def read() -> list[StreamEvent]:
+        async with await bot.aevents("Weather in Oslo?") as events:
+            return [event async for event in events]
+
+    assert _shape(asyncio.run(read())) == EXPECTED
+
+
+def test_generator_return_types_point_at_iterators() -> None:
+    from collections.abc import AsyncGenerator, Generator
+
+    class Gen(Protocol):
+        def text(self, text: str) -> Generator[str, None, None]: ...
+
+    class AsyncGen(Protocol):
+        async def text(self, text: str) -> AsyncGenerator[str, None]: ...
+
+    for interface in (Gen, AsyncGen):
+        with pytest.raises(InterfaceError, match=r"an iterator, not a generator.*Iterator\[str\]"):
+            ai_service(interface, model=StreamingModel())
+
+
+async def test_closing_an_async_stream_closes_the_models_stream_at_once() -> None:
+    # A provider's stream holds its HTTP response open until it is closed.
+    closed: list[str] = []
+
+    class Model:
+        def chat(self, request: ChatRequest) -> ChatResponse:
+            raise AssertionError("streamed")
+
+        async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
+            try:
+                yield "Hel"
+                yield "lo"
+                yield ChatResponse(AiMessage("Hello"))
+            finally:
+                closed.append("closed")
+
+    class Texts(Protocol):
+        def text(self, text: str) -> AsyncIterator[str]: ...
+
+        def events(self, text: str) -> AsyncIterator[StreamEvent]: ...
+
+    bot = ai_service(Texts, model=Model())
+    for stream in (bot.text("hi"), bot.events("hi")):
+        await stream.__anext__()
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert closed == ["closed"]
+        closed.clear()

@@ -14,6 +14,8 @@ EXPECTED = {
     "AiServiceError",
     "AsyncTextStream",
     "TextStream",
+    "AsyncEventStream",
+    "EventStream",
     "ChatMemory",
     "ChatMemoryAccess",
     "ChatMemoryProvider",

@@ -427,6 +427,98 @@ async def test_an_async_stream_left_unfinished_is_closed_when_its_scope_ends() -
     assert store.get_messages("s") == []
 
 
+def _in_a_thread(main: Any) -> list[Any]:
+    # A scope that deadlocks its event loop would hang the test: run it where it can't.
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(asyncio.run(main()))
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "leaving the scope blocked its event loop"
+    return outcome
+
+
+def test_a_plain_with_in_async_code_closes_an_async_stream_left_unfinished() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncStreamingBot,
+        model=ScriptedChatModel(default="Hello there, how are you?", chunk_size=2),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def user_code() -> list[str]:
+        with memory_scope("s"):  # `with`, not `async with`
+            stream = bot.chat("hi")
+            first = await stream.__anext__()
+        return [first] + [chunk async for chunk in stream]
+
+    (read,) = _in_a_thread(user_code)
+    assert read == ["He"]
+    assert store.get_messages("s") == []
+
+
+def test_a_plain_with_in_async_code_says_why_it_cannot_end_a_stream_still_running() -> None:
+    # The stream is inside the model's await when the block ends: only this loop can finish
+    # it, and the exit would block that loop, so the exit forgets nothing and says why.
+    store = InMemoryChatMemoryStore()
+
+    class WaitingModel:
+        def __init__(self) -> None:
+            self.go: asyncio.Event | None = None
+            self.waiting: asyncio.Event | None = None
+
+        def chat(self, request: Any) -> Any:
+            raise AssertionError("streamed")
+
+        async def astream(self, request: Any) -> AsyncIterator[Any]:
+            from aiservices.models import ChatResponse
+
+            assert self.go is not None
+            assert self.waiting is not None
+            yield "Hel"
+            self.waiting.set()
+            await self.go.wait()
+            yield "lo"
+            yield ChatResponse(AiMessage("Hello"))
+
+    model = WaitingModel()
+    bot = ai_service(
+        AsyncStreamingBot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def user_code() -> Any:
+        model.go, model.waiting = asyncio.Event(), asyncio.Event()
+        chunks: list[str] = []
+
+        async def read(stream: Any) -> None:
+            async for chunk in stream:
+                chunks.append(chunk)
+
+        try:
+            with memory_scope("s"):
+                reader = asyncio.ensure_future(read(bot.chat("hi")))
+                await model.waiting.wait()
+        except RuntimeError as error:
+            model.go.set()
+            await reader
+            return error, chunks
+        raise AssertionError("the exit did not say it could not end the stream")
+
+    ((error, chunks),) = _in_a_thread(user_code)
+    assert "async with memory_scope" in str(error)
+    assert "nothing was forgotten" in str(error)
+    assert chunks == ["Hel", "lo"]
+    assert [m.text for m in store.get_messages("s")] == ["hi", "Hello"]
+
+
 @pytest.mark.parametrize("on_exit", ["keep", "evict"])
 def test_a_stream_of_a_scope_that_keeps_its_conversation_may_be_read_after_it(
     on_exit: Any,

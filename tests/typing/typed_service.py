@@ -15,6 +15,7 @@ from aiservices import (
     AiMessage,
     ChatMemory,
     ChatMemoryAccess,
+    EventStream,
     GuardrailError,
     MemoryId,
     MessageWindowChatMemory,
@@ -56,6 +57,8 @@ class Assistant(ChatMemoryAccess, Protocol):
     async def astream(self, user: Annotated[str, MemoryId], message: str) -> AsyncIterator[str]: ...
 
     def events(self, user: Annotated[str, MemoryId], message: str) -> Iterator[StreamEvent]: ...
+
+    def typed_events(self, user: Annotated[str, MemoryId], message: str) -> EventStream: ...
 
     @guardrails(input=[lambda text: None])
     def guarded(self, text: str) -> str: ...
@@ -109,6 +112,10 @@ for event in bot.events("alice", "Hi"):
         assert_type(event.text, str)
     elif isinstance(event, TurnCompleted):
         assert_type(event.result, Result[str])
+with bot.typed_events("alice", "Hi") as typed_events:
+    assert_type(next(typed_events), StreamEvent)
+    if typed_events.result is not None:
+        assert_type(typed_events.result.content, str)
 assert_type(bot.guarded("hi"), str)
 
 
