@@ -7,6 +7,7 @@ per parameter), so what the model is shown is exactly what is accepted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,6 +75,16 @@ class _SchemaGenerator(GenerateJsonSchema):
     ignored_warning_kinds = {"skipped-choice", "non-serializable-default"}  # noqa: RUF012
 
 
+def _schema_name(name: str, metadata: tuple[Any, ...]) -> str:
+    """The property a parameter is shown as: its alias, when a ``Field`` gives one."""
+    for item in reversed(metadata):
+        if isinstance(item, FieldInfo):
+            alias = item.validation_alias if isinstance(item.validation_alias, str) else item.alias
+            if alias is not None:
+                return alias
+    return name
+
+
 def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> ToolSignature:
     """Analyse ``fn``'s parameters; every problem found is raised in one ``InterfaceError``.
 
@@ -90,6 +101,8 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     parameters = list(signature.parameters.values())
     if skip_first and parameters and parameters[0].kind not in _VARIADIC:
         parameters = parameters[1:]
+    # A partial's keywords are fixed: the model is neither shown them nor may it send them.
+    fixed = fn.keywords if isinstance(fn, functools.partial) else {}
 
     problems: list[str] = []
     fields: dict[str, Any] = {}
@@ -98,6 +111,8 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     memory_id: str | None = None
     context: str | None = None
     for param in parameters:
+        if param.name in fixed:
+            continue
         pwhere = f"{where}({param.name})"
         if param.kind in _VARIADIC:
             stars = "*" if param.kind is inspect.Parameter.VAR_POSITIONAL else "**"
@@ -141,7 +156,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
         required = default is _EMPTY and not _has_field_default(metadata)
         fields[param.name] = _field(annotation, required)
         if default is not _EMPTY:
-            defaults[param.name] = default
+            defaults[_schema_name(param.name, metadata)] = default
     if problems:
         raise InterfaceError(problems)
 

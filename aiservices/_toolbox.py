@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from pydantic import ValidationError
@@ -442,8 +443,8 @@ class Toolbox:
             raise
 
     def _finish(self, plan: _ToolPlan, request: ToolExecutionRequest, value: Any) -> ToolExecution:
-        if type(value) is str:
-            text = value
+        if isinstance(value, str) and not isinstance(value, Enum):  # enums are sent as JSON
+            text = str.__str__(value)  # a subclass's text as it is, not its __str__
         elif value is None:
             text = plan.none_text
         else:

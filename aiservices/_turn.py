@@ -683,7 +683,10 @@ def unstreamed_text(result: Result[Any]) -> str | None:
     no model round streamed."""
     if result.ai_message is not None or not result.tool_executions:
         return None
-    return "\n".join(e.result for e in result.tool_executions)
+    # The call's value: the last round's results, not those of the rounds before it, which
+    # only the model was to see.
+    text: str = result.content
+    return text
 
 
 def failed(state: ServiceState, call: Call, error: BaseException) -> None:

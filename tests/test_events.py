@@ -432,3 +432,49 @@ async def test_closing_an_async_stream_closes_the_models_stream_at_once() -> Non
         await stream.aclose()  # type: ignore[attr-defined]
         assert closed == ["closed"]
         closed.clear()
+
+
+def test_a_direct_return_after_a_tool_round_streams_only_its_own_result() -> None:
+    # The first round's result was for the model; the call's answer is the direct tool's.
+    @tool
+    def find_id(order: str) -> str:
+        """An order's internal id."""
+        return "INTERNAL-ID-42"
+
+    @tool(return_direct=True)
+    def status(order_id: str) -> str:
+        """An order's status."""
+        return "Order 42: shipped"
+
+    def requests(*calls: tuple[str, str]) -> AiMessage:
+        return AiMessage(
+            tool_execution_requests=[ToolExecutionRequest(f"c{n}", *c) for n, c in enumerate(calls)]
+        )
+
+    class Orders(Protocol):
+        def ask(self, text: str) -> str: ...
+
+        def text(self, text: str) -> Iterator[str]: ...
+
+        def events(self, text: str) -> Iterator[StreamEvent]: ...
+
+    from aiservices.testing import ScriptedChatModel
+
+    answers = []
+    for method in ("ask", "text", "events"):
+        model = ScriptedChatModel(
+            requests(("find_id", '{"order": "42"}')),
+            requests(("status", '{"order_id": "INTERNAL-ID-42"}')),
+        )
+        bot = ai_service(Orders, model=model, tools=[find_id, status])
+        out = getattr(bot, method)("order 42?")
+        if method == "ask":
+            answers.append(out)
+        else:
+            events = list(out)
+            answers.append(
+                "".join(e if isinstance(e, str) else getattr(e, "text", "") for e in events)
+            )
+            if method == "events":
+                assert events[-1].result.content == "Order 42: shipped"
+    assert answers == ["Order 42: shipped"] * 3

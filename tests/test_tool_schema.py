@@ -215,6 +215,18 @@ def test_annotated_field_default_makes_the_parameter_optional() -> None:
     assert signature.bind("{}", None) == ((), {"n": 5})
 
 
+def test_an_aliased_parameter_shows_its_default_under_its_alias() -> None:
+    def travel(origin: Annotated[str, Field(alias="from")] = "home", to: str = "work") -> str:
+        return f"{origin} -> {to}"
+
+    signature = read_signature(travel, skip_first=False, where="travel")
+    assert signature.schema["properties"] == {
+        "from": {"type": "string", "default": "home"},
+        "to": {"type": "string", "default": "work"},
+    }
+    assert signature.bind('{"from": "Oslo"}', None) == ((), {"origin": "Oslo"})
+
+
 def test_a_field_description_overrides_a_model_docstring() -> None:
     def fn(where: Annotated[Address, Field(description="Delivery address")]) -> None: ...
 

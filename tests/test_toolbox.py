@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import enum
 import functools
 import threading
 import time
@@ -132,6 +133,22 @@ def test_bound_methods_and_partials_can_be_given_one_by_one() -> None:
     assert box.specifications[1].parameters["required"] == ["base"]
     assert box.execute(call("square", '{"base": 3}')).result == "9"
     assert box.execute(call("owner_of", '{"shop": "Z"}')).result == "Ann runs Z"
+
+
+def test_a_partials_fixed_keywords_are_neither_shown_nor_accepted() -> None:
+    # Fixed by the application (an owner, a key): the model must not see or change them.
+    def delete_order(owner: str, order_id: str) -> str:
+        """Delete one of the owner's orders."""
+        return f"deleted {order_id} of {owner}"
+
+    box = Toolbox.from_objects([functools.partial(delete_order, owner="alice")])
+    parameters = box.specifications[0].parameters
+    assert list(parameters["properties"]) == ["order_id"]
+    assert "alice" not in str(parameters)
+    assert box.execute(call("delete_order", '{"order_id": "o1"}')).result == "deleted o1 of alice"
+    overridden = box.execute(call("delete_order", '{"order_id": "o1", "owner": "bob"}'))
+    assert isinstance(overridden.error, ToolArgumentsError)
+    assert "owner" in overridden.result
 
 
 def test_an_overriding_method_without_tool_is_not_a_tool() -> None:
@@ -317,6 +334,23 @@ def flag() -> bool:
     return True
 
 
+class Label(str):
+    def __str__(self) -> str:
+        return f"Label({super().__str__()})"
+
+
+def label() -> str:
+    return Label('Left at "door 2"\nthanks')
+
+
+class Status(enum.StrEnum):
+    SHIPPED = "shipped"
+
+
+def status() -> Status:
+    return Status.SHIPPED
+
+
 @pytest.mark.parametrize(
     ("fn", "expected"),
     [
@@ -329,6 +363,8 @@ def flag() -> bool:
         (mapping, '{"a":[1,2],"b":null,"c":"ü"}'),
         (listing, '[{"id":"A","total":1.0}]'),
         (flag, "true"),
+        (label, 'Left at "door 2"\nthanks'),  # a str subclass is a str, sent as it is
+        (status, '"shipped"'),  # an enum, even a str one, is sent as JSON
     ],
 )
 def test_result_text(fn: Any, expected: str) -> None:
