@@ -21,7 +21,7 @@ from ._templates import BUILTIN_VARIABLES, Template
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, TextStream
 from .errors import InterfaceError
 from .guardrails import GUARDRAILS_ATTRIBUTE
-from .markers import Context, MemoryId, UserName, V, is_marker
+from .markers import Context, MemoryId, UserName, V, is_marker, metadata_of
 from .prompts import SYSTEM_ATTRIBUTE, USER_ATTRIBUTE
 
 __all__ = ["CallKind", "MethodPlan", "plan_interface"]
@@ -166,6 +166,11 @@ def plan_method(
     qualname = f"{interface.__name__}.{name}"
     where = f"{qualname}()"
     before = len(problems)
+    if localns and "<locals>" not in function.__qualname__:
+        # Defined at module level: its module's names come first, as they would for Python;
+        # the builder's locals only fill in what the module does not define.
+        module = getattr(function, "__globals__", {})
+        localns = {k: v for k, v in localns.items() if k not in module}
     try:
         hints = typing.get_type_hints(function, localns=localns, include_extras=True)
     except Exception as exc:
@@ -205,7 +210,7 @@ def plan_method(
             )
             continue
         annotation = hints.get(param.name, Any)
-        _, metadata = _strip_annotated(annotation)
+        metadata = metadata_of(annotation)
         is_memory = any(is_marker(m, MemoryId) for m in metadata)
         is_user_name = any(is_marker(m, UserName) for m in metadata)
         if any(is_marker(m, Context) for m in metadata):
@@ -276,7 +281,9 @@ def plan_method(
         variables.append(("it", others[0]))
     known = frozenset(v for v, _ in variables)
 
-    system_source = getattr(function, SYSTEM_ATTRIBUTE, None) or default_system
+    own_system: str | None = getattr(function, SYSTEM_ATTRIBUTE, None)
+    # A method's own wins, even an empty one: that method then sends no system message.
+    system_source = (default_system if own_system is None else own_system) or None
     user_source = getattr(function, USER_ATTRIBUTE, None)
     system_template = _template(system_source, "@system_message", where, known, problems)
     user_template = _template(user_source, "@user_message", where, known, problems)

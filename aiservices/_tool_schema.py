@@ -20,7 +20,7 @@ from pydantic_core import to_json, to_jsonable_python
 from typing_extensions import TypedDict
 
 from .errors import InterfaceError
-from .markers import Context, MemoryId, is_marker
+from .markers import Context, MemoryId, is_marker, metadata_of
 
 __all__ = [
     "ToolSignature",
@@ -133,7 +133,8 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
         metadata: tuple[Any, ...] = (
             get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
         )
-        if any(is_marker(m, MemoryId) for m in metadata):
+        markers = metadata_of(annotation)
+        if any(is_marker(m, MemoryId) for m in markers):
             if memory_id is not None:
                 problems.append(
                     f"{pwhere}: a second MemoryId parameter (the first is {memory_id}); "
@@ -141,7 +142,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                 )
             memory_id = param.name
             continue
-        if any(is_marker(m, Context) for m in metadata):
+        if any(is_marker(m, Context) for m in markers):
             if context is not None:
                 problems.append(
                     f"{pwhere}: a second Context parameter (the first is {context}); mark only one"

@@ -6,7 +6,8 @@ inside ``Annotated`` is left alone (pydantic's ``Field`` on tool parameters, say
 
 from __future__ import annotations
 
-from typing import Final
+import types
+from typing import Annotated, Final, Union, get_args, get_origin
 
 __all__ = ["Context", "MemoryId", "UserName", "V"]
 
@@ -82,6 +83,18 @@ class V:
 def is_marker(metadata: object, marker: type[_Marker]) -> bool:
     """Whether ``metadata`` is ``marker`` itself or an instance of it."""
     return metadata is marker or isinstance(metadata, marker)
+
+
+def metadata_of(annotation: object) -> tuple[object, ...]:
+    """The ``Annotated`` metadata of a parameter's type, also of each member of a union:
+    ``Annotated[str, MemoryId] | None`` is a memory id as ``Annotated[str | None, MemoryId]``
+    is."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return tuple(getattr(annotation, "__metadata__", ()))
+    if origin is Union or origin is types.UnionType:
+        return tuple(m for member in get_args(annotation) for m in metadata_of(member))
+    return ()
 
 
 MEMORY_ID: Final = MemoryId()

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from aiservices import (
     AiMessage,
     ChatMemoryAccess,
+    InterfaceError,
     MemoryId,
     MessageWindowChatMemory,
     Result,
@@ -161,6 +162,17 @@ def test_class_level_system_message_applies_to_every_method_and_method_wins() ->
     assert model.last_system_text == "Be verbose."
 
 
+def test_a_methods_empty_system_message_wins_over_the_class_one() -> None:
+    @system_message("Be brief.")
+    class Bot(Protocol):
+        @system_message("")
+        def free(self, text: str) -> str: ...
+
+    model = ScriptedChatModel(default="ok")
+    ai_service(Bot, model=model).free("x")
+    assert [m.text for m in model.requests[0].messages] == ["x"]
+
+
 def test_system_message_provider_gets_the_memory_id() -> None:
     class Bot(Protocol):
         def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
@@ -201,6 +213,27 @@ def test_optional_memory_id_none_starts_a_new_conversation() -> None:
     assert str(uuid.UUID(first.memory_id)) == first.memory_id
     assert first.memory_id != second.memory_id
     assert len(bot.get_chat_memory(first.memory_id).messages()) == 2
+
+
+def test_a_memory_id_marked_inside_an_optional_is_a_memory_id() -> None:
+    # `Annotated[str, MemoryId] | None` is the natural spelling: read as unmarked, every
+    # user shared one conversation.
+    class Bot(ChatMemoryAccess, Protocol):
+        def chat(self, user: Annotated[str, MemoryId] | None, text: str) -> Result[str]: ...
+
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
+    bot.chat("alice", "My card is 4111")
+    assert bot.chat("bob", "What do you know?").memory_id == "bob"
+    assert [m.text for m in model.requests[-1].messages] == ["What do you know?"]
+    assert [m.text for m in bot.get_chat_memory("alice").messages()] == ["My card is 4111", "ok"]
+    assert bot.chat(None, "hi").memory_id not in ("alice", "bob", "default")
+
+    class Unserved(Protocol):
+        def chat(self, user: Annotated[str, MemoryId] | None, text: str) -> str: ...
+
+    with pytest.raises(InterfaceError, match=r"Unserved.chat\(user\).*chat_memory_provider"):
+        ai_service(Unserved, model=model)
 
 
 def test_unhashable_memory_id_is_a_type_error_naming_the_parameter() -> None:

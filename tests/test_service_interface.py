@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+from datetime import date
 from typing import Annotated, Protocol
 
 import pytest
+from pydantic import BaseModel
 
 from aiservices import (
     InterfaceError,
@@ -239,3 +242,26 @@ def test_an_async_seed_memory_fails_the_build_on_a_sync_method_only() -> None:
         "async and the method is not: make the method async or the seed_memory sync"
     ]
     build(AsyncChat, chat_memory_provider=provider, seed_memory=seed)  # awaited there
+
+
+class Planner(Protocol):
+    @user_message("When is {{event}}?")
+    def when(self, event: str) -> date: ...  # a string annotation, resolved at build
+
+
+def test_the_builders_locals_do_not_shadow_the_interface_modules_names() -> None:
+    date = "2024-01-01"  # a local that happens to share the name of the return type
+    bot = ai_service(Planner, model=ScriptedChatModel("2024-05-01"))  # here: these locals
+    assert bot.when("the launch") == datetime.date(2024, 5, 1)
+    assert date == "2024-01-01"
+
+
+def test_an_interface_local_to_a_function_still_names_its_locals() -> None:
+    class Slot(BaseModel):
+        day: str
+
+    class Local(Protocol):
+        def when(self, event: str) -> Slot: ...
+
+    bot = ai_service(Local, model=ScriptedChatModel('{"day": "Monday"}'))
+    assert bot.when("x") == Slot(day="Monday")

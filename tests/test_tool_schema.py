@@ -304,6 +304,15 @@ def test_memory_id_parameter_is_hidden_and_injected() -> None:
     assert signature.bind('{"query": "q"}', "alice") == ((), {"query": "q", "user": "alice"})
 
 
+def test_a_memory_id_marked_inside_an_optional_is_hidden_and_injected() -> None:
+    def fn(user: Annotated[str, MemoryId] | None, query: str) -> str:
+        return query
+
+    signature = read_signature(fn, skip_first=False, where="fn")
+    assert list(signature.schema["properties"]) == ["query"]
+    assert signature.memory_id == "user"
+
+
 def test_memory_id_marker_instance_works_like_the_class() -> None:
     def fn(user: Annotated[str, MemoryId()], query: str) -> str:
         return query
