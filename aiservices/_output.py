@@ -9,6 +9,7 @@ that fails, so a well-formed answer costs what pydantic costs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -555,6 +556,16 @@ def _admits_null(schema: dict[str, Any]) -> bool:
     )
 
 
+_PROSE: Final = "An answer in words, not JSON: {see} [1]."
+
+
+def _admits_text(adapter: TypeAdapter[Any]) -> bool:
+    try:
+        return bool(adapter.validate_python(_PROSE) == _PROSE)
+    except ValidationError:
+        return False
+
+
 def _admits_none(adapter: TypeAdapter[Any]) -> bool:
     try:
         adapter.validate_python(None)
@@ -626,7 +637,15 @@ _MAX_INPUT_SHOWN: Final = 80
 class _JsonParser:
     """Reads an answer into a typed value; tried in order, cheapest first."""
 
-    __slots__ = ("_admits_none", "_scalar", "_shown", "_validate", "_validate_json", "_wrapped")
+    __slots__ = (
+        "_admits_none",
+        "_admits_text",
+        "_scalar",
+        "_shown",
+        "_validate",
+        "_validate_json",
+        "_wrapped",
+    )
 
     def __init__(
         self,
@@ -642,6 +661,7 @@ class _JsonParser:
         self._wrapped = wrapper.validator.validate_json if wrapper is not None else None
         self._scalar = scalar
         self._admits_none = admits_none
+        self._admits_text = _admits_text(adapter)
         self._shown = shown
 
     def parser(self) -> Callable[[str | None], Any]:
@@ -678,6 +698,11 @@ class _JsonParser:
             if self._admits_none:
                 return None
             raise ValueError(f"The answer was empty; expected {self._shown}. {_RETRY_HINT}")
+        if self._admits_text:
+            # Any text is a value of the type (a union with str): the answer is the text as
+            # written, never a piece of JSON quoted inside it.
+            with contextlib.suppress(ValidationError):
+                return self._validate(text)
         errors: list[ValidationError] = [first]
         tried: set[str] = set()
         for candidate in _json_candidates(text, stripped):

@@ -290,6 +290,17 @@ def test_optional_model_accepts_the_bare_object_the_wrapper_and_null() -> None:
     assert parse(Verdict | None, "null") is None
 
 
+def test_a_union_with_str_takes_prose_whole_never_a_piece_of_json_inside_it() -> None:
+    prose = 'Set the header to {"Accept": "application/json"} and retry.'
+    fenced = 'Run this:\n```\n"hello"\n```\nthen check the output.'
+    for shape in (str | None, int | str):
+        assert parse(shape, prose) == prose
+        assert parse(shape, fenced) == fenced
+    assert parse(str | None, '{"value": "hi"}') == "hi"  # the structured answer
+    assert parse(str | None, "") is None
+    assert parse(int | str, "42") == 42
+
+
 def test_list_of_models() -> None:
     text = f'{{"value": [{VERDICT}, {VERDICT}]}}'
     assert parse(list[Verdict], text) == [VERDICT_VALUE, VERDICT_VALUE]
