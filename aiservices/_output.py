@@ -556,6 +556,33 @@ def _admits_null(schema: dict[str, Any]) -> bool:
     )
 
 
+def _json_reader(adapter: TypeAdapter[Any]) -> Callable[[str], Any]:
+    """The adapter's JSON validation; with a ``Decimal`` anywhere in the type, numbers are
+    read as written (pydantic reads a JSON number as a float: ``1.10`` would be
+    ``Decimal("1.1")``, and a 19-digit amount would lose its last digits)."""
+    validate_json = adapter.validator.validate_json
+    if not _has_decimal(adapter.core_schema):
+        return validate_json
+    validate_python = adapter.validator.validate_python
+
+    def read(text: str) -> Any:
+        try:
+            data = json.loads(text, parse_float=Decimal)
+        except (TypeError, ValueError, RecursionError):
+            return validate_json(text)  # not JSON: pydantic says why, as it would have
+        return validate_python(data)
+
+    return read
+
+
+def _has_decimal(schema: object) -> bool:
+    if isinstance(schema, dict):
+        return schema.get("type") == "decimal" or any(_has_decimal(v) for v in schema.values())
+    if isinstance(schema, (list, tuple)):
+        return any(_has_decimal(v) for v in schema)
+    return False
+
+
 _PROSE: Final = "An answer in words, not JSON: {see} [1]."
 
 
@@ -640,6 +667,7 @@ class _JsonParser:
     __slots__ = (
         "_admits_none",
         "_admits_text",
+        "_numbers",
         "_scalar",
         "_shown",
         "_validate",
@@ -656,9 +684,12 @@ class _JsonParser:
         shown: str,
     ) -> None:
         # The validators themselves, not the adapters: skips a layer of Python per call.
-        self._validate_json = adapter.validator.validate_json
+        self._validate_json = _json_reader(adapter)
         self._validate = adapter.validator.validate_python
-        self._wrapped = wrapper.validator.validate_json if wrapper is not None else None
+        self._wrapped = _json_reader(wrapper) if wrapper is not None else None
+        self._numbers: Callable[[str], Any] = (
+            Decimal if _has_decimal(adapter.core_schema) else float
+        )
         self._scalar = scalar
         self._admits_none = admits_none
         self._admits_text = _admits_text(adapter)
@@ -735,7 +766,7 @@ class _JsonParser:
             # A model that wraps its answer in a one-key object, {"value": ...} or
             # {"answer": ...}, is unwrapped; an object type only from {"value": ...}.
             try:
-                data = json.loads(candidate)
+                data = json.loads(candidate, parse_float=self._numbers)
             except (ValueError, RecursionError):
                 return False, None
             if isinstance(data, dict) and len(data) == 1:

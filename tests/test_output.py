@@ -301,6 +301,22 @@ def test_a_union_with_str_takes_prose_whole_never_a_piece_of_json_inside_it() ->
     assert parse(int | str, "42") == 42
 
 
+def test_decimals_keep_every_digit_as_written() -> None:
+    class Invoice(BaseModel):
+        total: Decimal
+        weight: float
+
+    exact = "12345678901234567.89"
+    assert parse(Decimal, exact) == Decimal(exact)
+    assert str(parse(Decimal, "1.10")) == "1.10"
+    assert parse(Decimal, f'{{"value": {exact}}}') == Decimal(exact)
+    assert parse(Decimal, f'{{"answer": {exact}}}') == Decimal(exact)
+    assert parse(list[Decimal], f"[{exact}, 0.10]") == [Decimal(exact), Decimal("0.10")]
+    invoice = parse(Invoice, f'Here: {{"total": {exact}, "weight": 1.5}}')
+    assert invoice == Invoice(total=Decimal(exact), weight=1.5)
+    assert type(invoice.weight) is float
+
+
 def test_list_of_models() -> None:
     text = f'{{"value": [{VERDICT}, {VERDICT}]}}'
     assert parse(list[Verdict], text) == [VERDICT_VALUE, VERDICT_VALUE]
