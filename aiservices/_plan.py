@@ -81,7 +81,9 @@ def _interface_methods(interface: type) -> dict[str, Callable[..., Any]]:
         if getattr(klass, "_is_protocol", False) is False and klass is not interface:
             continue
         for name, member in vars(klass).items():
-            if name.startswith("_") or name in ACCESS_METHODS:
+            # `__call__` makes the service callable; other underscore names are Python's
+            # machinery or the interface's own helpers.
+            if (name.startswith("_") and name != "__call__") or name in ACCESS_METHODS:
                 continue
             if isinstance(member, (staticmethod, classmethod, property)):
                 continue

@@ -265,3 +265,13 @@ def test_an_interface_local_to_a_function_still_names_its_locals() -> None:
 
     bot = ai_service(Local, model=ScriptedChatModel('{"day": "Monday"}'))
     assert bot.when("x") == Slot(day="Monday")
+
+
+def test_call_is_a_method_the_service_implements() -> None:
+    class Summarizer(Protocol):
+        def __call__(self, text: str) -> str: ...
+
+    model = ScriptedChatModel("a summary")
+    summarize = ai_service(Summarizer, model=model)
+    assert summarize("a long text") == "a summary"
+    assert [m.text for m in model.requests[0].messages] == ["a long text"]
