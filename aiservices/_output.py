@@ -65,6 +65,11 @@ class OutputPlan:
     returns_ai_message: bool = False
     _parser: Callable[[str | None], Any] = field(default=_text, repr=False, compare=False)
 
+    @property
+    def type_name(self) -> str:
+        """The type as a reader would write it: ``list[Verdict]``, ``int | None``."""
+        return _type_name(self.annotation)
+
     def parse(self, text: str | None) -> Any:
         """The typed value of an answer's text.
 

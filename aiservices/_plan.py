@@ -200,9 +200,12 @@ def plan_method(
     user_name_index: int | None = None
     variables: list[tuple[str, int]] = []
     seen_aliases: dict[str, str] = {}
+    # Parameters that can't be the user message, whatever else is wrong with them.
+    not_the_message: set[int] = set()
     for index, param in enumerate(params):
         pwhere = f"{qualname}({param.name})"
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            not_the_message.add(index)
             problems.append(
                 _problem(
                     pwhere,
@@ -215,6 +218,8 @@ def plan_method(
         metadata = metadata_of(annotation)
         is_memory = any(is_marker(m, MemoryId) for m in metadata)
         is_user_name = any(is_marker(m, UserName) for m in metadata)
+        if is_memory or is_user_name:
+            not_the_message.add(index)
         if any(is_marker(m, Context) for m in metadata):
             if is_memory or is_user_name:
                 problems.append(
@@ -297,8 +302,7 @@ def plan_method(
         candidates = [
             index
             for index in range(len(params))
-            if index not in used_indexes
-            and index not in (memory_index, user_name_index, context_index)
+            if index not in used_indexes and index not in not_the_message and index != context_index
         ]
         if len(candidates) == 1:
             user_message_index = candidates[0]

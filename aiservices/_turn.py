@@ -487,14 +487,14 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     # refusal is no answer to correct.
                     raise OutputParseError(
                         f"{plan.qualname}: the answer could not be parsed as "
-                        f"{_type_name(output.annotation)}: {_NOT_ASKED_AGAIN[cut]}",
+                        f"{output.type_name}: {_NOT_ASKED_AGAIN[cut]}",
                         raw_text=answer.text,
                         attempts=retries + 1,
                     ) from error
                 if retries >= state.max_output_retries:
                     raise OutputParseError(
                         f"{plan.qualname}: the answer could not be parsed as "
-                        f"{_type_name(output.annotation)} after {retries + 1} attempt(s): {error}",
+                        f"{output.type_name} after {retries + 1} attempt(s): {error}",
                         raw_text=answer.text,
                         attempts=retries + 1,
                     ) from error
@@ -616,10 +616,6 @@ def _feedback(error: ValueError, response_format: ResponseFormat | None) -> User
     return UserMessage(f"{error}\nThe JSON schema: {to_json(response_format.schema).decode()}")
 
 
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or repr(annotation)
-
-
 def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
     output = plan.output
     text = "\n".join(r.result for r in results)
@@ -634,7 +630,7 @@ def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
         names = ", ".join(dict.fromkeys(r.request.name for r in results))
         raise OutputParseError(
             f"{plan.qualname}: the result of the direct-return tool(s) {names} could not be "
-            f"parsed as {_type_name(output.annotation)}: {error}",
+            f"parsed as {output.type_name}: {error}",
             raw_text=text,
         ) from error
 

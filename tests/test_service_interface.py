@@ -50,6 +50,8 @@ def test_two_memory_ids_fail() -> None:
 
     found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
     assert any(p.startswith("Bot.chat(b)") and "second MemoryId" in p for p in found)
+    # The second id is no candidate for the user message: `message` is, alone.
+    assert not any("ambiguous" in p for p in found), found
 
 
 def test_unknown_template_variable_fails_and_lists_known_names() -> None:

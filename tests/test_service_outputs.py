@@ -97,9 +97,11 @@ def test_output_parse_error_after_the_retries_keeps_the_raw_text_and_memory() ->
 def test_zero_retries_fails_on_the_first_bad_answer() -> None:
     model = ScriptedChatModel("nope", "42")
     bot = ai_service(Classifier, model=model, max_output_retries=0)
-    with pytest.raises(OutputParseError):
+    with pytest.raises(OutputParseError) as failed:
         bot.numbers("x")
     assert len(model.requests) == 1
+    # The declared type as written, not its bare origin ("list").
+    assert "could not be parsed as list[int] after 1 attempt(s)" in str(failed.value)
 
 
 def test_the_retry_message_carries_the_schema() -> None:
