@@ -299,7 +299,19 @@ def _clean(node: Any, definitions: dict[str, Any], recursive: frozenset[str]) ->
             out[key] = [_clean(s, definitions, recursive) for s in value]
         else:
             out[key] = value
+    if discriminated and isinstance(out.get("anyOf"), list):
+        # The tag picks the variant: pydantic wants it even where it has a default, so the
+        # model is told to send it.
+        tag = node["discriminator"].get("propertyName")
+        out["anyOf"] = [_requiring(variant, tag) for variant in out["anyOf"]]
     return out
+
+
+def _requiring(variant: Any, name: object) -> Any:
+    if not isinstance(variant, dict) or name not in variant.get("properties", {}):
+        return variant
+    required = list(variant.get("required", []))
+    return variant if name in required else {**variant, "required": [*required, name]}
 
 
 def _recursive_definitions(definitions: Mapping[str, Any]) -> frozenset[str]:

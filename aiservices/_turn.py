@@ -173,9 +173,18 @@ class ServiceState:
         if provider is None:
             return self.toolbox
         if self.tool_provider_takes_context:
-            extra = list(provider(memory_id, user, context=context))  # type: ignore[call-arg]
+            given = provider(memory_id, user, context=context)  # type: ignore[call-arg]
         else:
-            extra = list(provider(memory_id, user))
+            given = provider(memory_id, user)
+        if given is None:  # no tools for this call
+            return self.toolbox
+        if not isinstance(given, Iterable):
+            raise TypeError(
+                f"tool_provider returned {type(given).__name__} for the memory id "
+                f"{memory_id!r}; it must return the call's extra tools (a list, empty or None "
+                "for none)"
+            )
+        extra = list(given)
         if not extra:
             return self.toolbox
         dynamic = Toolbox.from_objects(extra, error_handler=self.tool_error_handler)

@@ -251,6 +251,17 @@ def test_tool_provider_adds_tools_per_call() -> None:
     assert result.tool_executions[0].result == "secret of dan"
 
 
+def test_a_tool_provider_may_return_none_for_no_tools_and_nothing_else() -> None:
+    model = ScriptedChatModel("plain", "again")
+    bot = service(model, [add], tool_provider=lambda memory_id, message: None)
+    bot.chat("dan", "hello")
+    assert [t.name for t in model.requests[0].tools] == ["add"]
+    wrong = service(model, [add], tool_provider=lambda memory_id, message: 42)
+    with pytest.raises(TypeError, match=r"tool_provider returned int for the memory id 'dan'"):
+        wrong.chat("dan", "hello")
+    assert len(model.requests) == 1  # refused before the model was called
+
+
 async def test_parallel_async_tools_run_concurrently_and_are_recorded_in_request_order() -> None:
     @tool
     async def slow(name: str) -> str:

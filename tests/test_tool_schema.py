@@ -293,6 +293,27 @@ def test_discriminated_unions_become_any_of_without_dangling_refs() -> None:
     }
 
 
+class Kitten(BaseModel):
+    kind: Literal["kitten"] = "kitten"
+    lives: int
+
+
+class Puppy(BaseModel):
+    kind: Literal["puppy"] = "puppy"
+    good: bool
+
+
+def test_a_discriminated_unions_tag_is_required_even_with_a_default() -> None:
+    # What the model is shown is what is accepted: pydantic needs the tag to pick a variant.
+    def adopt(pet: Annotated[Kitten | Puppy, Field(discriminator="kind")]) -> None: ...
+
+    variants = schema_of(adopt)["properties"]["pet"]["anyOf"]
+    assert [sorted(v["required"]) for v in variants] == [["kind", "lives"], ["good", "kind"]]
+    signature = read_signature(adopt, skip_first=False, where="adopt")
+    with pytest.raises(ValidationError):
+        signature.bind('{"pet": {"lives": 9}}', None)
+
+
 def test_memory_id_parameter_is_hidden_and_injected() -> None:
     def fn(user: Annotated[str, MemoryId], query: str) -> str:
         return query
