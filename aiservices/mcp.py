@@ -177,9 +177,16 @@ class McpToolset:
                 connection = self._connection = _Connection(self._server)
                 try:
                     await connection.open()
-                except BaseException:
+                except BaseException as error:
                     self._connection = None
                     await connection.close()
+                    if isinstance(error, ExceptionGroup):
+                        # The client's task groups wrap what happened: say it plainly.
+                        raise ConnectionError(
+                            f"{self!r}: the MCP server could not be reached: "
+                            f"{_innermost(error)}; check that it starts and speaks MCP (a "
+                            "stdio server must write nothing else to stdout)"
+                        ) from error
                     raise
             return connection
 
@@ -268,6 +275,16 @@ class _Fresh:
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self.make = make
+
+
+def _innermost(group: BaseExceptionGroup[BaseException]) -> str:
+    """What a group of one error (in groups of one) holds, as ``Type: message``."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(f"{type(e).__name__}: {e}" for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"
 
 
 class _Connection:

@@ -220,3 +220,12 @@ def test_a_server_that_never_answers_fails_to_list_and_closes_at_once() -> None:
     toolset.close()
     assert time.monotonic() - started < 10
     assert not [t for t in threading.enumerate() if t.name == "aiservices-mcp"]
+
+
+def test_a_server_that_exits_at_start_says_so_plainly() -> None:
+    toolset = McpToolset.stdio(sys.executable, ["-c", "import sys; sys.exit(2)"])
+    try:
+        with pytest.raises(ConnectionError, match=r"could not be reached: .*Connection closed"):
+            ai_service(Bot, model=ScriptedChatModel("ok"), tools=[toolset])
+    finally:
+        toolset.close()
