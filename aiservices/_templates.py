@@ -28,7 +28,8 @@ def render_value(value: object) -> str:
     if isinstance(value, (dict, list, tuple, set, frozenset)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
-        return to_json(value).decode()
+        # Inside, what has no JSON form is written as its str(), as it would be alone.
+        return to_json(value, fallback=str).decode()
     return str(value)
 
 

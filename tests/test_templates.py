@@ -57,6 +57,14 @@ def test_values_render_as_text_or_json() -> None:
     assert render_value(["a"]) == '["a"]'
 
 
+def test_a_value_without_json_form_inside_a_structure_is_written_as_its_str() -> None:
+    class Handle:
+        def __str__(self) -> str:
+            return "handle #7"
+
+    assert render_value({"who": Handle(), "n": 1}) == '{"who":"handle #7","n":1}'
+
+
 @given(st.text(), st.text())
 def test_values_are_inserted_verbatim_never_rendered_again(a: str, b: str) -> None:
     template = Template.parse("<{{a}}|{{b}}>")
