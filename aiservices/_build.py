@@ -83,36 +83,35 @@ def _method(plan: MethodPlan) -> Callable[..., Any]:
         ):
             pieces.append("/")
     arguments = "".join(f"{n}, " for n in names)
-    runner = {
-        "sync": "run_sync",
-        "async": "run_async",
-        "stream": "stream_sync",
-        "astream": "stream_async",
-        "events": "events_sync",
-        "aevents": "events_async",
+    driver = {
+        "sync": run_sync,
+        "async": run_async,
+        "stream": stream_sync,
+        "astream": stream_async,
+        "events": events_sync,
+        "aevents": events_async,
     }[plan.kind]
+    # The body's own names must not be those of a parameter, which would hide them.
+    runner, planned = _unused("_run", names), _unused("_plan", names)
     prefix = "async " if plan.is_coroutine else ""
     call = "await " if plan.kind == "async" else ""
     source = (
         f"{prefix}def {plan.name}(self, {', '.join(pieces)}):\n"
-        f"    return {call}{runner}(self._state, _plan, ({arguments}))\n"
+        f"    return {call}{runner}(self._state, {planned}, ({arguments}))\n"
     )
-    namespace: dict[str, Any] = {
-        "run_sync": run_sync,
-        "run_async": run_async,
-        "stream_sync": stream_sync,
-        "stream_async": stream_async,
-        "events_sync": events_sync,
-        "events_async": events_async,
-        "_plan": plan,
-        **defaults,
-    }
+    namespace: dict[str, Any] = {runner: driver, planned: plan, **defaults}
     exec(compile(source, f"<aiservices {plan.qualname}>", "exec"), namespace)
     function: Callable[..., Any] = namespace[plan.name]
     function.__doc__ = plan.doc
     function.__qualname__ = plan.qualname
     function.__signature__ = plan.signature  # type: ignore[attr-defined]
     return function
+
+
+def _unused(name: str, taken: Sequence[str]) -> str:
+    while name in taken:
+        name = f"_{name}"
+    return name
 
 
 def _with_guardrails(

@@ -277,3 +277,14 @@ def test_call_is_a_method_the_service_implements() -> None:
     summarize = ai_service(Summarizer, model=model)
     assert summarize("a long text") == "a summary"
     assert [m.text for m in model.requests[0].messages] == ["a long text"]
+
+
+def test_parameters_may_have_any_name() -> None:
+    # Named like what the generated method uses inside: they must not hide it.
+    class Odd(Protocol):
+        @user_message("{{_run}} {{_plan}} {{run_sync}}")
+        def ask(self, _run: str, _plan: str, run_sync: str = "c") -> str: ...
+
+    model = ScriptedChatModel("ok")
+    assert ai_service(Odd, model=model).ask("a", "b") == "ok"
+    assert model.last_user_text == "a b c"
