@@ -118,10 +118,14 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
                     if op == MODEL:
                         value = yield from _streamed(model, argument)
                     elif op == TOOLS:
-                        for request in argument[1]:
+                        # One after another, as execute_all runs them: each tool's events
+                        # frame its own run.
+                        toolbox, requests, memory_id, context = argument
+                        value = []
+                        for request in requests:
                             yield ToolCallStarted(request)
-                        value = _perform(op, argument, conversation)
-                        for execution in value:
+                            execution = toolbox.execute(request, memory_id, context)
+                            value.append(execution)
                             yield ToolCallFinished(execution)
                     else:
                         value = _perform(op, argument, conversation)

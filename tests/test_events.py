@@ -478,3 +478,39 @@ def test_a_direct_return_after_a_tool_round_streams_only_its_own_result() -> Non
             if method == "events":
                 assert events[-1].result.content == "Order 42: shipped"
     assert answers == ["Order 42: shipped"] * 3
+
+
+def test_a_sync_event_stream_frames_each_tools_run_with_its_own_events() -> None:
+    ran: list[str] = []
+
+    @tool
+    def first() -> str:
+        """The first."""
+        ran.append("first")
+        return "1"
+
+    @tool
+    def second() -> str:
+        """The second."""
+        ran.append("second")
+        return "2"
+
+    class Two(Protocol):
+        def events(self, text: str) -> Iterator[StreamEvent]: ...
+
+    from aiservices.testing import ScriptedChatModel, tool_calls
+
+    model = ScriptedChatModel(tool_calls(("first", {}), ("second", {})), "done")
+    bot = ai_service(Two, model=model, tools=[first, second])
+    seen: list[Any] = []
+    for event in bot.events("go"):
+        if isinstance(event, ToolCallStarted):
+            seen.append(("started", event.request.name, list(ran)))
+        elif isinstance(event, ToolCallFinished):
+            seen.append(("finished", event.execution.request.name, list(ran)))
+    assert seen == [
+        ("started", "first", []),
+        ("finished", "first", ["first"]),
+        ("started", "second", ["first"]),
+        ("finished", "second", ["first", "second"]),
+    ]
