@@ -26,8 +26,9 @@ stay distinct, and `memory_ids` lists them as given. Version 1 of the schema had
 ``full_key``; the first use by this version adds it and refiles the keys that are now
 digests (see `PostgresChatMemoryStore.create_schema`).
 
-With ``retention`` (a ``timedelta``), a turn's write deletes now and then (every tenth of
-the period, at most hourly) the conversations idle for longer: see `purge_idle`.
+With ``retention`` (a ``timedelta``), a turn's write deletes the conversations idle for
+longer: the store's first, then one every tenth of the period (at most hourly); see
+`purge_idle`.
 
 A turn's write (``apply_changes``) is one statement, sent with its BEGIN in one round trip
 and committed in a second once its result is in (so that a statement the server runs only
@@ -250,11 +251,9 @@ class PostgresChatMemoryStore:
         self.table = table
         self.keep_history = bool(keep_history)
         self.retention = check_retention(retention)
-        self._next_purge = (
-            float("inf")
-            if self.retention is None
-            else time.monotonic() + purge_interval(self.retention)
-        )
+        # The first write purges (a process may not live a tenth of the period), then
+        # every tenth of it. Opening the store does no I/O: its first use connects.
+        self._next_purge = float("inf") if self.retention is None else 0.0
         self._dsn: str | None = None
         self._given = type(dsn_or_pool).__name__
         self._max_connections = max_connections

@@ -413,6 +413,23 @@ def test_a_connection_passed_in_is_shared_by_threads(dsn: str, table: str) -> No
         assert len(other.get_messages("c")) == 40
 
 
+def test_retention_purges_from_the_stores_first_write(
+    dsn: str, table: str, raw: psycopg.Connection[Any]
+) -> None:
+    # A process that lives less than a tenth of the period (a job, a recycled worker) must
+    # still purge what is idle.
+    with PostgresChatMemoryStore(dsn, table=table) as store:
+        store.apply_changes("old", appended=[user("last week")], removed=[])
+    raw.execute(
+        sql.SQL("UPDATE {} SET stored_at = stored_at - interval '48 hours'").format(ident(table))
+    )
+    with PostgresChatMemoryStore(dsn, table=table, retention=timedelta(days=1)) as fresh:
+        fresh.apply_changes("new", appended=[user("hello")], removed=[])
+        assert list(fresh.memory_ids()) == ["new"]
+        fresh.apply_changes("new", appended=[user("again")], removed=[])  # not every write
+        assert fresh._next_purge > time.monotonic() + 3600 - 60
+
+
 def test_async_methods_use_a_pool_per_event_loop(dsn: str, table: str) -> None:
     store = PostgresChatMemoryStore(dsn, table=table)
 
