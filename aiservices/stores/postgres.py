@@ -796,11 +796,14 @@ class PostgresChatMemoryStore:
         if connector is None:
             return None
         # An asyncio connection belongs to the event loop that opened it: one pool per loop.
+        # It opens connections only for calls that wait for them (min_size=0): one it opened
+        # ahead, still connecting when its loop ends (asyncio.run returning), swallows the
+        # cancellation asyncio.run ends with, and the process hangs there.
         return self._loop_pools.get(
             lambda: AsyncConnectionPool(
                 connector.dsn,
                 connection_class=connector.async_class,
-                min_size=1,
+                min_size=0,
                 max_size=self._max_connections,
                 kwargs=connector.kwargs,
                 configure=connector.aconfigure,

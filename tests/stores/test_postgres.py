@@ -444,6 +444,36 @@ def test_async_methods_use_a_pool_per_event_loop(dsn: str, table: str) -> None:
     assert asyncio.run(turn("b")) == ["a", "b"]
 
 
+def test_asyncio_run_of_an_async_call_returns(dsn: str, table: str) -> None:
+    # Each asyncio.run() gets a pool of its own; a connection that pool opened ahead, still
+    # connecting when the loop ended, swallowed asyncio.run's final cancellation and the
+    # process hung there (in about one run in three).
+    import subprocess
+    import sys
+
+    child = (
+        "import asyncio, sys\n"
+        "from aiservices import MessageWindowChatMemory, UserMessage\n"
+        "from aiservices.stores import PostgresChatMemoryStore\n"
+        "store = PostgresChatMemoryStore(sys.argv[1], table=sys.argv[2])\n"
+        "memory = MessageWindowChatMemory(10, id=sys.argv[3], store=store)\n"
+        "memory.add(UserMessage('hi'))\n"
+        "first = asyncio.run(memory.amessages())\n"
+        "second = asyncio.run(store.aget_messages(sys.argv[3]))\n"
+        "print(len(first), len(second))\n"
+    )
+    for run in range(8):
+        done = subprocess.run(
+            [sys.executable, "-c", child, dsn, table, f"run {run}"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["1", "1"]
+
+
 async def test_async_twins_match_the_sync_methods(dsn: str, table: str) -> None:
     async with PostgresChatMemoryStore(dsn, table=table, keep_history=True) as store:
         a, b = user("a"), user("b")
