@@ -410,3 +410,25 @@ def test_results_orphaned_by_an_eviction_are_dropped_before_the_window_is_measur
     # Evicting the first request orphans the late result; without it the second unit costs
     # 6 tokens, which fits alone but not beside the system message, so it goes too.
     assert memory.messages() == [system(2)]
+
+
+def test_a_message_rewritten_under_its_id_is_counted_again() -> None:
+    # By set(), or by another writer: the old count would let the window hold far more
+    # than its limit.
+    store = InMemoryChatMemoryStore()
+    estimator = WordEstimator()
+    memory = TokenWindowChatMemory(10, estimator, id="c", store=store)
+    memory.add(UserMessage("hi there"), AiMessage("hello"))
+    first, second = memory.messages()
+    memory.set([first.model_copy(update={"text": "word " * 50}), second])
+    assert memory.messages() == [second]
+
+    other = TokenWindowChatMemory(10, estimator, id="d", store=store)
+    other.add(UserMessage("hi there"), AiMessage("hello"))
+    first, second = other.messages()
+    store.update_messages("d", [first.model_copy(update={"text": "word " * 50}), second])
+    assert other.messages() == [second]
+    fresh = TokenWindowChatMemory(10, WordEstimator(), id="d", store=store)
+    assert fresh.messages() == other.messages()
+    # Unchanged messages are still counted once.
+    assert estimator.counted[second.message_id] == 1

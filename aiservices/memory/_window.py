@@ -186,9 +186,15 @@ class Window:
         return all(map(is_, _without(stored, moved), _without(mine, moved)))
 
     def load(
-        self, messages: Sequence[ChatMessage], is_lead: Callable[[ChatMessage], bool] | None
+        self,
+        messages: Sequence[ChatMessage],
+        is_lead: Callable[[ChatMessage], bool] | None,
+        previous: Sequence[ChatMessage] = (),
     ) -> list[ChatMessage]:
         """Fill an empty window with ``messages``; return those the rules leave out.
+
+        ``previous`` is what the memory showed before: a message rewritten under its id
+        since (by ``set``, or by another writer) is counted again.
 
         Left out: all but the last system message, and tool results whose request is not
         before them. Of several leads the last is the lead and the others stay as plain
@@ -196,6 +202,12 @@ class Window:
         what only it covers; the next fold takes it in). Costs are counted before anything
         changes.
         """
+        if previous and self.count is not None:
+            shown = {message_key(m): m for m in previous}
+            for m in messages:
+                old = shown.get(message_key(m))
+                if old is not None and old is not m and old != m:
+                    self.known.pop(message_key(m), None)
         costs = [self.cost(m) for m in messages]
         dropped: list[ChatMessage] = []
         msgs, kept_costs, opened, answered = self.msgs, self.costs, self.opened, self.answered

@@ -340,7 +340,9 @@ class WindowChatMemory:
                 messages.append(m)
             seen.add(mid)
         window = self._new_window()
-        window.load(messages, self._lead_test())  # what it leaves out is never stored
+        window.load(
+            messages, self._lead_test(), self._shown()
+        )  # what it leaves out is never stored
         if self._policy.evicts_on_read:
             window.forget(window.trim(limit))
         else:
@@ -367,6 +369,11 @@ class WindowChatMemory:
             whole_turns=self._whole_turns,
         )
 
+    def _shown(self) -> list[ChatMessage]:
+        """What the memory's window showed before it is rebuilt (empty: none yet)."""
+        window = self._window
+        return [] if window is None else window.snapshot()
+
     def _lead_test(self) -> Callable[[ChatMessage], bool] | None:
         policy = self._policy
         return None if policy is EVICT else policy.is_lead
@@ -380,7 +387,7 @@ class WindowChatMemory:
         holds it.
         """
         window = self._new_window()
-        dropped = window.load(stored, self._lead_test())
+        dropped = window.load(stored, self._lead_test(), self._shown())
         if trim and self._policy.evicts_on_read:
             dropped += window.trim(limit)
         else:
