@@ -30,7 +30,7 @@ from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 
 from .errors import OutputParseError
-from .messages import AiMessage
+from .messages import AiMessage, ChatMessage
 from .models import ResponseFormat
 from .models._strict import is_strict_schema
 
@@ -216,6 +216,13 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
 def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> Any:
     if issubclass(tp, enum.Enum):
         return Annotated[tp, BeforeValidator(_enum_choices(tp))] if lenient else tp
+    if issubclass(tp, ChatMessage):
+        # Only `-> AiMessage` itself is the model's message; inside another type it would
+        # be asked for as JSON of the message's own fields.
+        raise _Unsupported(
+            f"{tp.__name__} is returned alone (`-> AiMessage`, or `-> Result[str]` for the "
+            "answer with its message), not inside another type"
+        )
     if issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp):
         return tp
     if typing_extensions.is_typeddict(tp):

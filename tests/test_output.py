@@ -17,7 +17,7 @@ import typing_extensions
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiservices._output import OutputPlan, UnsupportedOutputType, plan_output
-from aiservices.messages import AiMessage
+from aiservices.messages import AiMessage, UserMessage
 
 RETRY_HINT = "Answer again with JSON matching the schema."
 NAME_RULE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -639,3 +639,10 @@ def test_pathologically_nested_answers_fail_cleanly(text: str) -> None:
         parse(list[int], text)
     with pytest.raises(ValueError, match=re.escape(RETRY_HINT)):
         parse(Verdict, text)
+
+
+@pytest.mark.parametrize("shape", [AiMessage | None, list[AiMessage], dict[str, UserMessage]])
+def test_a_message_type_inside_another_type_is_refused(shape: Any) -> None:
+    # It would be asked for as JSON of the message's own fields.
+    with pytest.raises(UnsupportedOutputType, match=r"is returned alone \(`-> AiMessage`"):
+        plan_output(shape)
