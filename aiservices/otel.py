@@ -16,7 +16,9 @@ Each call is an ``invoke_agent {Interface.method}`` span; inside it, each model 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Final
 
 try:
     from opentelemetry import trace
@@ -131,6 +133,9 @@ class OpenTelemetryListener:
                 span.set_attribute("error.type", type(error).__name__)
                 span.end()
         for span in call.attributes.pop(_TOOLS, {}).values():
+            # The call ended in its tools (an error handler raised, or it was cancelled).
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            span.set_attribute("error.type", type(error).__name__)
             span.end()
 
 
@@ -148,19 +153,39 @@ def observe_conversations(
     """
     from opentelemetry import metrics
 
-    stats = service.conversation_stats
     attributes = {"gen_ai.agent.name": name or type(service).__name__.removesuffix("Service")}
-    meter = metrics.get_meter("aiservices", meter_provider=meter_provider)
+    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    with _OBSERVING:
+        observed = _OBSERVED.get(provider)
+        if observed is None:
+            # One set of instruments per provider, reporting every service observed on it:
+            # made again, an instrument comes back as the one made first, without the new
+            # callback, and the later services would report nothing.
+            observed = _OBSERVED[provider] = []
+            meter = metrics.get_meter("aiservices", meter_provider=provider)
+            for kind, instrument, field, unit, description in _CONVERSATION_INSTRUMENTS:
+                create = getattr(meter, f"create_observable_{kind}")
+                callback = _reading(metrics.Observation, observed, field)
+                create(instrument, callbacks=[callback], unit=unit, description=description)
+        # A service that is gone stops being reported: its stats are held weakly.
+        observed.append((weakref.WeakMethod(service.conversation_stats), attributes))
 
-    def reading(field: str) -> Any:
-        def callback(options: Any) -> Any:
-            yield metrics.Observation(getattr(stats(), field), attributes)
 
-        return callback
+_OBSERVING: Final = threading.Lock()
+# By meter provider, held weakly: a provider that is gone takes its instruments with it.
+_OBSERVED: Final[weakref.WeakKeyDictionary[Any, list[tuple[Any, dict[str, str]]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
-    for kind, instrument, field, unit, description in _CONVERSATION_INSTRUMENTS:
-        create = getattr(meter, f"create_observable_{kind}")
-        create(instrument, callbacks=[reading(field)], unit=unit, description=description)
+
+def _reading(observation: Any, observed: list[tuple[Any, dict[str, str]]], field: str) -> Any:
+    def callback(options: Any) -> Any:
+        for stats, attributes in list(observed):
+            read = stats()
+            if read is not None:
+                yield observation(getattr(read(), field), attributes)
+
+    return callback
 
 
 # kind, name, ConversationStats field, unit, description

@@ -92,3 +92,33 @@ def test_the_counts_are_opentelemetry_metrics_read_at_collection() -> None:
         "aiservices.messages.evicted": (2, agent),
         "aiservices.conversations.forgotten": (1, agent),
     }
+
+
+def test_several_services_report_on_one_meter_provider() -> None:
+    class Triage(ChatMemoryAccess, Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    support = _bot()
+    triage = ai_service(
+        Triage,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=4),
+    )
+    observe_conversations(support, meter_provider=meters)
+    observe_conversations(triage, meter_provider=meters)
+    support.chat("alice", "hi")
+    for turn in range(2):
+        triage.chat("bob", f"turn {turn}")
+    data = reader.get_metrics_data()
+    assert data is not None
+    turns = {
+        dict(point.attributes or {})["gen_ai.agent.name"]: point.value
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "aiservices.turns.committed"
+        for point in metric.data.data_points
+    }
+    assert turns == {"Bot": 1, "Triage": 2}

@@ -83,6 +83,42 @@ def test_errors_reach_listeners_and_are_raised() -> None:
     assert recorder.events[-1] == ("error", "TimeoutError")
 
 
+def test_a_stream_closed_early_and_a_cancelled_call_reach_on_error() -> None:
+    import asyncio
+    from collections.abc import Iterator
+
+    class Streaming(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+        async def achat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    class Slow(ScriptedChatModel):
+        async def achat(self, request: Any) -> Any:
+            await asyncio.sleep(10)
+
+    recorder = Recorder()
+    bot = ai_service(
+        Streaming,
+        model=Slow(default="Hello there, all of you", chunk_size=3),
+        listeners=[recorder],
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+    )
+    stream = bot.chat("ann", "hi")
+    next(stream)
+    stream.close()  # type: ignore[attr-defined]
+    assert recorder.events[-1] == ("error", "GeneratorExit")
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(bot.achat("ann", "hi"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert recorder.events[-1] == ("error", "CancelledError")
+
+
 def test_a_failing_listener_is_logged_and_does_not_break_the_call(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -74,3 +74,35 @@ def test_a_failed_call_ends_its_spans_with_an_error(exporter: InMemorySpanExport
     spans = exporter.get_finished_spans()
     assert {s.name for s in spans} == {"invoke_agent Bot.chat", "chat scripted"}
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
+
+
+def test_a_call_that_dies_in_its_tools_marks_their_spans_as_failed(
+    exporter: InMemorySpanExporter,
+) -> None:
+    class Fatal(Exception):
+        pass
+
+    def give_up(error: Exception, request: object) -> str:
+        raise Fatal from error
+
+    @tool
+    def boom() -> str:
+        """Fails."""
+        raise ValueError("no")
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(tool_call("boom"), "unreached"),
+        tools=[boom],
+        tool_error_handler=give_up,
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+    with pytest.raises(Fatal):
+        bot.chat("ann", "hi")
+    (tool_span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool boom"]
+    assert tool_span.status.status_code is StatusCode.ERROR
+    assert tool_span.attributes is not None
+    assert tool_span.attributes["error.type"] == "Fatal"
