@@ -12,6 +12,10 @@ async def ask(question: str, scope: RequestScope) -> str:
 async def chat(message: str, scope: SessionScope) -> str:
     return await bot.chat(message)
 
+@app.post("/chat/stream")            # a Response you return carries the cookie only if
+async def stream(message: str, request: Request, scope: SessionScope) -> StreamingResponse:
+    return set_session_cookie(StreamingResponse(bot.stream(message)), request)
+
 @app.websocket("/ws")                # one per connection, forgotten when it closes
 async def ws(socket: WebSocket, scope: WebSocketScope) -> None: ...
 ```
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Final
+from typing import Annotated, Final, TypeVar
 
 from fastapi import Depends, Request, Response, WebSocket
 
@@ -37,6 +41,7 @@ __all__ = [
     "WebSocketScope",
     "request_scope",
     "session_scope",
+    "set_session_cookie",
     "websocket_scope",
 ]
 
@@ -55,20 +60,42 @@ async def session_scope(request: Request, response: Response) -> AsyncIterator[M
 
     A request without the cookie (or with one that is not an id this dependency made)
     starts a new session and sets the cookie on the response: ``HttpOnly``,
-    ``SameSite=Lax``, and ``Secure`` over HTTPS.
+    ``SameSite=Lax``, and ``Secure`` over HTTPS. FastAPI sends it with what the endpoint
+    returns, except a ``Response`` object (``StreamingResponse``, ``JSONResponse``...):
+    pass that through `set_session_cookie`.
     """
     session_id = _session_id(request.cookies.get(SESSION_COOKIE))
     if session_id is None:
         session_id = str(uuid.uuid4())
-        response.set_cookie(
-            SESSION_COOKIE,
-            session_id,
-            httponly=True,
-            samesite="lax",
-            secure=request.url.scheme == "https",
-        )
+        _set_cookie(response, request, session_id)
+        request.state.aiservices_new_session = session_id
     async with memory_scope(session_id, on_exit="keep") as scope:
         yield scope
+
+
+_ResponseT = TypeVar("_ResponseT", bound=Response)
+
+
+def set_session_cookie(response: _ResponseT, request: Request) -> _ResponseT:
+    """``response`` with the cookie of a session `SessionScope` started in this request.
+
+    For an endpoint that returns a ``Response`` object, whose headers FastAPI does not merge
+    with those a dependency set; without a new session it is returned as it is.
+    """
+    session_id = getattr(request.state, "aiservices_new_session", None)
+    if session_id is not None:
+        _set_cookie(response, request, session_id)
+    return response
+
+
+def _set_cookie(response: Response, request: Request, session_id: str) -> None:
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_id,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+    )
 
 
 async def websocket_scope(websocket: WebSocket) -> AsyncIterator[MemoryScope]:

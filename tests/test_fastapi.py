@@ -7,7 +7,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,19 +16,27 @@ import pytest
 import uvicorn
 import websockets.sync.client
 from _servers import free_port
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.testclient import TestClient
 
 from aiservices import (
     AiMessage,
     ChatMemoryAccess,
+    InMemoryChatMemoryStore,
     MessageWindowChatMemory,
     SqliteChatMemoryStore,
     UserMessage,
     ai_service,
     current_memory_scope,
 )
-from aiservices.fastapi import SESSION_COOKIE, RequestScope, SessionScope, WebSocketScope
+from aiservices.fastapi import (
+    SESSION_COOKIE,
+    RequestScope,
+    SessionScope,
+    WebSocketScope,
+    set_session_cookie,
+)
 from aiservices.models import ChatRequest, ChatResponse
 
 
@@ -136,6 +144,40 @@ def test_a_session_scope_keeps_the_conversation_across_requests_with_its_cookie(
         assert other["answer"] == "and me?"
     assert [m.text for m in store.get_messages(session)][-1] == "I am Ada | who am I?"
     store.close()
+
+
+def test_an_endpoint_returning_a_response_object_keeps_its_session(tmp_path: Path) -> None:
+    # FastAPI does not merge a dependency's headers into a Response the endpoint returns:
+    # without set_session_cookie every request started a session of its own.
+    class Streams(Protocol):
+        def stream(self, text: str) -> AsyncIterator[str]: ...
+
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        Streams,
+        model=Echo(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=50, store=store),
+    )
+    app = FastAPI()
+
+    @app.post("/stream")
+    async def stream(text: str, request: Request, scope: SessionScope) -> StreamingResponse:
+        return set_session_cookie(StreamingResponse(bot.stream(text)), request)
+
+    @app.post("/json")
+    async def json(text: str, request: Request, scope: SessionScope) -> JSONResponse:
+        return set_session_cookie(JSONResponse({"scope": scope.memory_id}), request)
+
+    with TestClient(app) as browser:
+        first = browser.post("/stream", params={"text": "I am Ada"})
+        assert SESSION_COOKIE in first.cookies
+        assert browser.post("/stream", params={"text": "who am I?"}).text == (
+            "I am Ada | who am I?"
+        )
+        again = browser.post("/json", params={"text": "x"})
+        assert SESSION_COOKIE not in again.cookies  # an existing session: left as it is
+        assert again.json() == {"scope": first.cookies[SESSION_COOKIE]}
+    assert list(store.memory_ids()) == [first.cookies[SESSION_COOKIE]]
 
 
 def test_a_session_cookie_that_is_not_ours_starts_a_new_session(tmp_path: Path) -> None:
