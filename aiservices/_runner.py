@@ -120,11 +120,11 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
                     elif op == TOOLS:
                         # One after another, as execute_all runs them: each tool's events
                         # frame its own run.
-                        toolbox, requests, memory_id, context = argument
+                        toolbox, requests, memory_id, context, observer = argument
                         value = []
                         for request in requests:
                             yield ToolCallStarted(request)
-                            execution = toolbox.execute(request, memory_id, context)
+                            execution = toolbox.execute(request, memory_id, context, observer)
                             value.append(execution)
                             yield ToolCallFinished(execution)
                     else:
@@ -193,8 +193,8 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
                 "sync call; give async guardrails and retrievers to async methods"
             )
         return value
-    toolbox, requests, memory_id, context = argument
-    return toolbox.execute_all(requests, memory_id, context)
+    toolbox, requests, memory_id, context, observer = argument
+    return toolbox.execute_all(requests, memory_id, context, observer)
 
 
 def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, None, ChatResponse]:
@@ -370,8 +370,8 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         function, call_args = argument
         value = function(*call_args)
         return (await value) if inspect.isawaitable(value) else value
-    toolbox, requests, memory_id, context = argument
-    return await toolbox.aexecute_all(requests, memory_id, context)
+    toolbox, requests, memory_id, context, observer = argument
+    return await toolbox.aexecute_all(requests, memory_id, context, observer)
 
 
 async def _achat(model: ChatModel, request: ChatRequest) -> ChatResponse:

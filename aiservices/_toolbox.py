@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 
 from pydantic import ValidationError
 from pydantic_core import to_json
@@ -267,6 +267,12 @@ def _describe(item: object) -> str:
     return text
 
 
+ToolObserver: TypeAlias = tuple[
+    Callable[[ToolExecutionRequest], None], Callable[[ToolExecution], None]
+]
+"""What is told of each tool run: its request when it starts, its execution when done."""
+
+
 class Toolbox:
     """The tools of one call: their specifications, and the running of the model's requests.
 
@@ -349,14 +355,30 @@ class Toolbox:
         return f"Toolbox({list(self.names)!r})"
 
     def execute(
-        self, request: ToolExecutionRequest, memory_id: object = None, context: object = None
+        self,
+        request: ToolExecutionRequest,
+        memory_id: object = None,
+        context: object = None,
+        observer: ToolObserver | None = None,
     ) -> ToolExecution:
         """Run one request in this thread; ``memory_id`` goes to ``MemoryId`` parameters,
-        ``context`` to ``Context`` ones.
+        ``context`` to ``Context`` ones; ``observer``'s two functions are told when it
+        starts and what came of it.
 
         An ``async def`` tool runs to completion on an event loop of its own (in a helper
         thread if this thread is already running one).
         """
+        if observer is None:
+            return self._execute(request, memory_id, context)
+        started, finished = observer
+        started(request)
+        execution = self._execute(request, memory_id, context)
+        finished(execution)
+        return execution
+
+    def _execute(
+        self, request: ToolExecutionRequest, memory_id: object, context: object
+    ) -> ToolExecution:
         tool = self._by_name.get(request.name)
         if tool is None:
             return self._failed(self._unknown(request))
@@ -377,9 +399,24 @@ class Toolbox:
         return self._failed(error)
 
     async def aexecute(
-        self, request: ToolExecutionRequest, memory_id: object = None, context: object = None
+        self,
+        request: ToolExecutionRequest,
+        memory_id: object = None,
+        context: object = None,
+        observer: ToolObserver | None = None,
     ) -> ToolExecution:
         """Run one request without blocking the event loop: a sync tool runs in a thread."""
+        if observer is None:
+            return await self._aexecute(request, memory_id, context)
+        started, finished = observer
+        started(request)
+        execution = await self._aexecute(request, memory_id, context)
+        finished(execution)
+        return execution
+
+    async def _aexecute(
+        self, request: ToolExecutionRequest, memory_id: object, context: object
+    ) -> ToolExecution:
         tool = self._by_name.get(request.name)
         if tool is None:
             return self._failed(self._unknown(request))
@@ -407,15 +444,17 @@ class Toolbox:
         requests: Iterable[ToolExecutionRequest],
         memory_id: object = None,
         context: object = None,
+        observer: ToolObserver | None = None,
     ) -> list[ToolExecution]:
         """Run requests one after another, in order."""
-        return [self.execute(request, memory_id, context) for request in requests]
+        return [self.execute(request, memory_id, context, observer) for request in requests]
 
     async def aexecute_all(
         self,
         requests: Iterable[ToolExecutionRequest],
         memory_id: object = None,
         context: object = None,
+        observer: ToolObserver | None = None,
     ) -> list[ToolExecution]:
         """Run requests concurrently; the results come in request order.
 
@@ -427,9 +466,12 @@ class Toolbox:
 
         pending = list(requests)
         if len(pending) <= 1:
-            return [await self.aexecute(request, memory_id, context) for request in pending]
+            return [
+                await self.aexecute(request, memory_id, context, observer) for request in pending
+            ]
         tasks = [
-            asyncio.ensure_future(self.aexecute(request, memory_id, context)) for request in pending
+            asyncio.ensure_future(self.aexecute(request, memory_id, context, observer))
+            for request in pending
         ]
         try:
             return list(await asyncio.gather(*tasks))

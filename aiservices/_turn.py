@@ -11,6 +11,7 @@ recorded and in which order, and the call's result. A driver only performs the I
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import uuid
@@ -418,21 +419,19 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 )
             tool_rounds += 1
             ai = _stamped(answer, kept_id)
-            if info is not None:
-                for tool_request in requests:
-                    emit(hooks.on_tool_start, info, tool_request)  # type: ignore[union-attr]
+            # Listeners are told of each tool as it starts and as it ends, where it runs.
+            observer = (
+                None
+                if info is None
+                else (
+                    functools.partial(emit, hooks.on_tool_start, info),  # type: ignore[union-attr]
+                    functools.partial(emit, hooks.on_tool_end, info),  # type: ignore[union-attr]
+                )
+            )
             results: list[ToolExecution] = yield (
                 TOOLS,
-                (
-                    toolbox,
-                    requests,
-                    call.memory_id,
-                    call.context,
-                ),
+                (toolbox, requests, call.memory_id, call.context, observer),
             )
-            if info is not None:
-                for execution in results:
-                    emit(hooks.on_tool_end, info, execution)  # type: ignore[union-attr]
             round_messages: list[ChatMessage] = [ai]
             ran_at = _now(UTC) if keep else None
             for execution in results:

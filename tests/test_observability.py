@@ -7,7 +7,14 @@ from typing import Annotated, Any, Protocol
 
 import pytest
 
-from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
+from aiservices import (
+    AiMessage,
+    MemoryId,
+    MessageWindowChatMemory,
+    ToolExecutionRequest,
+    ai_service,
+    tool,
+)
 from aiservices.models import TokenUsage
 from aiservices.observability import CallInfo
 from aiservices.testing import ScriptedChatModel, tool_call
@@ -72,6 +79,25 @@ def test_listeners_see_every_step_in_order() -> None:
         ("request", 3),
         ("response", "stop"),
         ("call_end", "HI it is"),
+    ]
+
+
+def test_each_tool_is_seen_as_it_starts_and_ends() -> None:
+    recorder = Recorder()
+    two = AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest("1", "shout", '{"word": "a"}'),
+            ToolExecutionRequest("2", "shout", '{"word": "b"}'),
+        ]
+    )
+    bot = make(ScriptedChatModel(two, "done"), recorder)
+    bot.chat("ann", "shout twice")
+    tools = [e for e in recorder.events if e[0].startswith("tool")]
+    assert tools == [
+        ("tool_start", "shout"),
+        ("tool_end", "A"),
+        ("tool_start", "shout"),
+        ("tool_end", "B"),
     ]
 
 
@@ -159,3 +185,44 @@ def test_nothing_is_logged_at_info_or_above_for_a_normal_call(
     with caplog.at_level(logging.INFO, logger="aiservices"):
         bot.chat("ann", "hello")
     assert caplog.records == []
+
+
+def test_in_an_async_call_each_tool_ends_as_it_finishes() -> None:
+    import asyncio
+
+    class AsyncBot(Protocol):
+        async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    @tool
+    async def late() -> str:
+        """Answers after a while."""
+        await asyncio.sleep(0.05)
+        return "late"
+
+    @tool
+    async def early() -> str:
+        """Answers at once."""
+        return "early"
+
+    recorder = Recorder()
+    two = AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest("1", "late", "{}"),
+            ToolExecutionRequest("2", "early", "{}"),
+        ]
+    )
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel(two, "done"),
+        tools=[late, early],
+        listeners=[recorder],
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+    )
+    asyncio.run(bot.chat("ann", "go"))
+    tools = [e for e in recorder.events if e[0].startswith("tool")]
+    assert tools == [
+        ("tool_start", "late"),
+        ("tool_start", "early"),
+        ("tool_end", "early"),
+        ("tool_end", "late"),
+    ]

@@ -13,7 +13,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
+from aiservices import (
+    AiMessage,
+    MemoryId,
+    MessageWindowChatMemory,
+    ToolExecutionRequest,
+    ai_service,
+    tool,
+)
 from aiservices.models import TokenUsage
 from aiservices.otel import OpenTelemetryListener
 from aiservices.testing import ScriptedChatModel, tool_call
@@ -106,3 +113,41 @@ def test_a_call_that_dies_in_its_tools_marks_their_spans_as_failed(
     assert tool_span.status.status_code is StatusCode.ERROR
     assert tool_span.attributes is not None
     assert tool_span.attributes["error.type"] == "Fatal"
+
+
+def test_a_tool_span_times_its_own_tool(exporter: InMemorySpanExporter) -> None:
+    @tool
+    def slow() -> str:
+        """Takes a while."""
+        import time
+
+        time.sleep(0.05)
+        return "slow"
+
+    @tool
+    def fast() -> str:
+        """At once."""
+        return "fast"
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    two = AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest("1", "slow", "{}"),
+            ToolExecutionRequest("2", "fast", "{}"),
+        ]
+    )
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(two, "done"),
+        tools=[slow, fast],
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+    bot.chat("ann", "go")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    slow_span, fast_span = spans["execute_tool slow"], spans["execute_tool fast"]
+    assert slow_span.end_time is not None
+    assert fast_span.start_time is not None
+    # A sync call runs them one after another: each span holds its tool's run only.
+    assert slow_span.end_time <= fast_span.start_time
