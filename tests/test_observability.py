@@ -7,17 +7,10 @@ from typing import Annotated, Any, Protocol
 
 import pytest
 
-from aiservices import (
-    AiMessage,
-    MemoryId,
-    MessageWindowChatMemory,
-    ToolExecutionRequest,
-    ai_service,
-    tool,
-)
+from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
 from aiservices.models import TokenUsage
 from aiservices.observability import CallInfo
-from aiservices.testing import ScriptedChatModel, tool_call
+from aiservices.testing import ScriptedChatModel, tool_call, tool_calls
 
 
 class Bot(Protocol):
@@ -84,12 +77,7 @@ def test_listeners_see_every_step_in_order() -> None:
 
 def test_each_tool_is_seen_as_it_starts_and_ends() -> None:
     recorder = Recorder()
-    two = AiMessage(
-        tool_execution_requests=[
-            ToolExecutionRequest("1", "shout", '{"word": "a"}'),
-            ToolExecutionRequest("2", "shout", '{"word": "b"}'),
-        ]
-    )
+    two = tool_calls(("shout", {"word": "a"}), ("shout", {"word": "b"}))
     bot = make(ScriptedChatModel(two, "done"), recorder)
     bot.chat("ann", "shout twice")
     tools = [e for e in recorder.events if e[0].startswith("tool")]
@@ -205,12 +193,7 @@ def test_in_an_async_call_each_tool_ends_as_it_finishes() -> None:
         return "early"
 
     recorder = Recorder()
-    two = AiMessage(
-        tool_execution_requests=[
-            ToolExecutionRequest("1", "late", "{}"),
-            ToolExecutionRequest("2", "early", "{}"),
-        ]
-    )
+    two = tool_calls(("late", {}), ("early", {}))
     bot = ai_service(
         AsyncBot,
         model=ScriptedChatModel(two, "done"),

@@ -13,17 +13,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from aiservices import (
-    AiMessage,
-    MemoryId,
-    MessageWindowChatMemory,
-    ToolExecutionRequest,
-    ai_service,
-    tool,
-)
+from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
 from aiservices.models import TokenUsage
 from aiservices.otel import OpenTelemetryListener
-from aiservices.testing import ScriptedChatModel, tool_call
+from aiservices.testing import ScriptedChatModel, tool_call, tool_calls
 
 
 class Bot(Protocol):
@@ -131,12 +124,7 @@ def test_a_tool_span_times_its_own_tool(exporter: InMemorySpanExporter) -> None:
 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    two = AiMessage(
-        tool_execution_requests=[
-            ToolExecutionRequest("1", "slow", "{}"),
-            ToolExecutionRequest("2", "fast", "{}"),
-        ]
-    )
+    two = tool_calls(("slow", {}), ("fast", {}))
     bot = ai_service(
         Bot,
         model=ScriptedChatModel(two, "done"),
