@@ -42,12 +42,28 @@ class Hooks:
 
     @staticmethod
     def check(listeners: Sequence[object]) -> list[str]:
-        """Problems with the given listeners (objects without any known hook)."""
-        return [
-            f"listeners[{i}]: {listener!r} has none of the hooks {', '.join(_HOOKS)}"
-            for i, listener in enumerate(listeners)
-            if not any(callable(getattr(listener, name, None)) for name in _HOOKS)
-        ]
+        """Problems with the given listeners: a class instead of an instance, an object
+        without any known hook, an ``async def`` hook (hooks are called, never awaited)."""
+        import inspect
+
+        problems: list[str] = []
+        for i, listener in enumerate(listeners):
+            if isinstance(listener, type):
+                problems.append(
+                    f"listeners[{i}]: {listener.__name__} is a class; pass an instance "
+                    f"({listener.__name__}())"
+                )
+            elif not any(callable(getattr(listener, name, None)) for name in _HOOKS):
+                problems.append(
+                    f"listeners[{i}]: {listener!r} has none of the hooks {', '.join(_HOOKS)}"
+                )
+            problems += [
+                f"listeners[{i}]: {name} is async; hooks are plain functions, called "
+                "without being awaited (hand slow work to a queue)"
+                for name in _HOOKS
+                if inspect.iscoroutinefunction(getattr(listener, name, None))
+            ]
+        return problems
 
 
 def emit(hooks: tuple[Callable[..., None], ...], *args: Any) -> None:

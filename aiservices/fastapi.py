@@ -30,7 +30,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Final, TypeVar
 
-from fastapi import Depends, Request, Response, WebSocket
+try:
+    from fastapi import Depends, Request, Response, WebSocket
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        'aiservices.fastapi needs FastAPI: pip install "aiservices[fastapi]"'
+    ) from exc
 
 from .scopes import MemoryScope, memory_scope
 

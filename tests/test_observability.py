@@ -155,6 +155,22 @@ def test_a_listener_without_hooks_fails_the_build() -> None:
         make(ScriptedChatModel(), object())
 
 
+def test_a_listener_class_or_an_async_hook_fails_the_build() -> None:
+    # Passed as a class, each hook would fail at every call; an async hook would never run.
+    from aiservices import InterfaceError
+
+    class Timing:
+        async def on_call_end(self, call: CallInfo, result: Any) -> None: ...
+
+    with pytest.raises(InterfaceError) as failed:
+        make(ScriptedChatModel(), Recorder, Timing())
+    assert failed.value.problems == [
+        "listeners[0]: Recorder is a class; pass an instance (Recorder())",
+        "listeners[1]: on_call_end is async; hooks are plain functions, called without being "
+        "awaited (hand slow work to a queue)",
+    ]
+
+
 def test_debug_log_has_memory_id_and_usage_but_no_content(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
