@@ -38,13 +38,16 @@ class Conversation:
     id up again instead of running beside the conversation's successor.
     """
 
-    __slots__ = ("blocking", "lock", "memory", "observe", "retired", "turns")
+    __slots__ = ("blocking", "evicted_before", "lock", "memory", "observe", "retired", "turns")
 
     def __init__(self, memory: ChatMemory) -> None:
         self.memory = memory
         self.lock = TurnLock()
         self.retired = False
         self.turns = 0  # turns committed, counted with the lock held
+        # What the memory had evicted before it was cached here: a provider may hand back
+        # a memory it made before, whose evictions were counted when it was last dropped.
+        self.evicted_before: int = getattr(memory, "evicted_messages", 0)
         # Async calls use a memory that does no I/O (`is_blocking = False`) directly.
         self.blocking = getattr(memory, "is_blocking", True) is not False
         # A memory that counts tokens may calibrate its estimate with the provider's count.
@@ -100,7 +103,7 @@ class Conversations:
             cached = len(self._table)
         for entry in entries:
             turns += entry.turns
-            evictions += getattr(entry.memory, "evicted_messages", 0)
+            evictions += _evicted_while_cached(entry)
         return cached, turns, evictions, forgotten
 
     @property
@@ -226,7 +229,7 @@ class Conversations:
         entry.retired = True
         del self._table[key]
         self._retired_turns += entry.turns
-        self._retired_evictions += getattr(entry.memory, "evicted_messages", 0)
+        self._retired_evictions += _evicted_while_cached(entry)
         entry.lock.release()
         return True
 
@@ -260,6 +263,11 @@ class Conversations:
             entry.lock.release()
             assert key is not None
             entry = await self.aget(memory_id, key)
+
+
+def _evicted_while_cached(entry: Conversation) -> int:
+    """The messages ``entry``'s memory has evicted since it was cached."""
+    return int(getattr(entry.memory, "evicted_messages", 0)) - entry.evicted_before
 
 
 def erase(memory: ChatMemory) -> None:

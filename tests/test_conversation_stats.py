@@ -122,3 +122,20 @@ def test_several_services_report_on_one_meter_provider() -> None:
         for point in metric.data.data_points
     }
     assert turns == {"Bot": 1, "Triage": 2}
+
+
+def test_a_memory_the_provider_hands_back_again_counts_its_evictions_once() -> None:
+    # A provider that keeps its own memories gives the cache the same object again after
+    # an eviction: what it evicted before was already counted when it was dropped.
+    memories: dict[Any, MessageWindowChatMemory] = {}
+
+    def provider(memory_id: Any) -> MessageWindowChatMemory:
+        return memories.setdefault(memory_id, MessageWindowChatMemory(2, id=memory_id))
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+    for turn in range(3):
+        bot.chat("alice", f"turn {turn}")
+    bot.evict_chat_memory("alice")
+    bot.chat("alice", "again")
+    assert memories["alice"].evicted_messages == 6
+    assert bot.conversation_stats().messages_evicted == 6

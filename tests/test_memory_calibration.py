@@ -196,6 +196,26 @@ def test_a_summarising_memory_calibrates_its_token_budget() -> None:
     assert words(memory.messages()) <= 30
 
 
+def test_a_summarising_memory_counts_each_summary_once_too() -> None:
+    # A summary a fold replaced left the window without its count: the usage check after
+    # the turn counted it again.
+    estimator = Words()
+    memory = SummarizingChatMemory(
+        max_tokens=12,
+        token_count_estimator=estimator,
+        summarizer=ScriptedChatModel(default="a short summary"),
+        calibrate=True,
+    )
+    bot = ai_service(
+        Chat, model=ScriptedChatModel(default=provider_counting(1.0)), chat_memory=memory
+    )
+    for i in range(10):
+        bot.chat(f"question number {i}")
+    summaries = [k for k in estimator.counted if k and k.startswith("summary-")]
+    assert len(summaries) > 2  # several folds replaced a summary
+    assert set(estimator.counted.values()) == {1}
+
+
 async def test_async_calls_calibrate_too() -> None:
     class AsyncChat(Protocol):
         async def chat(self, message: str) -> str: ...

@@ -361,10 +361,12 @@ class Window:
                 into[key] = cost
 
     def set_lead(self, lead: ChatMessage | None, cost: int) -> ChatMessage | None:
-        """Show ``lead`` right after the system message; return the lead it replaces."""
+        """Show ``lead`` right after the system message; return the lead it replaces.
+
+        The replaced lead's cost stays known until the caller forgets it with what else
+        left the window (a calibrating memory keeps the costs of what left).
+        """
         old = self.lead
-        if old is not None:
-            self.known.pop(message_key(old), None)
         self.lead, self.lead_cost = lead, cost if lead is not None else 0
         if lead is not None:
             self.known[message_key(lead)] = cost

@@ -294,6 +294,7 @@ class WindowChatMemory:
             old = window.set_lead(lead, window.cost(lead))
             added.append(lead)
             if old is not None:
+                window.forget([old])
                 removed.append(old)
         return added, removed, policy.overflow(window, limit, added)
 
