@@ -288,3 +288,16 @@ def test_parameters_may_have_any_name() -> None:
     model = ScriptedChatModel("ok")
     assert ai_service(Odd, model=model).ask("a", "b") == "ok"
     assert model.last_user_text == "a b c"
+
+
+@pytest.mark.parametrize("size", [0, 1.5, True, None, "3"])
+def test_a_cache_size_that_is_not_a_positive_int_fails_the_build(size: object) -> None:
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+    found = problems(
+        Bot,
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+        chat_memory_cache_size=size,
+    )
+    assert found == [f"chat_memory_cache_size={size!r}: must be an int, 1 or more"]
