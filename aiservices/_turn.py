@@ -27,7 +27,13 @@ from ._hooks import Hooks, emit, logger
 from ._result import Result
 from ._templates import render_value
 from ._toolbox import Toolbox
-from .errors import GuardrailError, OutputParseError, Reprompt, ToolLimitError
+from .errors import (
+    GuardrailError,
+    IncompleteResponseError,
+    OutputParseError,
+    Reprompt,
+    ToolLimitError,
+)
 from .messages import (
     AiMessage,
     ChatMessage,
@@ -410,6 +416,14 @@ def turn(state: ServiceState, call: Call) -> Turn:
         answer = response.ai_message
         requests: list[ToolExecutionRequest] = answer.tool_execution_requests
         if requests:
+            if response.finish_reason == "length":
+                # Its arguments may be cut short; asking again under the same cap would cut
+                # them again, round after paid round.
+                raise IncompleteResponseError(
+                    f"{plan.qualname}: the model's tool call was cut at the output token "
+                    "limit (finish_reason='length'), so its arguments may be incomplete; "
+                    "raise max_output_tokens in the service's parameters"
+                )
             if tool_rounds >= state.max_tool_invocations:
                 raise ToolLimitError(
                     f"{plan.qualname}: the model asked for tools again after "

@@ -102,9 +102,11 @@ class Reprompt(Exception):
 
 
 class IncompleteResponseError(AiServiceError):
-    """A streamed answer ended without the provider's final event.
+    """An answer that ended before it was whole: a stream without the provider's final
+    event, or tool calls cut at the output token limit.
 
     The answer may be cut short (a dropped connection, a proxy that closed the stream, a
-    server that answered a stream request with a plain body), so the call fails and records
-    nothing instead of taking part of an answer for the whole.
+    server that answered a stream request with a plain body, a tool call's arguments cut by
+    ``max_output_tokens``), so the call fails and records nothing instead of taking part of
+    an answer for the whole.
     """

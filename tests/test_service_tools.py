@@ -355,3 +355,30 @@ async def test_a_cancelled_call_holds_its_conversation_until_its_sync_tool_has_e
     assert await second == "sent"
     assert ran == [1, 2]
     assert bot.get_chat_memory("alice").messages()[0].text == "send 2"
+
+
+def test_a_tool_call_cut_at_the_token_limit_ends_the_call_at_once() -> None:
+    # Its arguments may be cut short: asking again under the same cap would cut them again,
+    # one paid round after another, up to the tool limit.
+    from aiservices import IncompleteResponseError
+    from aiservices.models import ChatResponse
+
+    ran: list[str] = []
+
+    @tool
+    def save(text: str) -> str:
+        """Save a text."""
+        ran.append(text)
+        return "saved"
+
+    cut = ChatResponse(
+        AiMessage(tool_execution_requests=[ToolExecutionRequest("c1", "save", '{"text": "lo')]),
+        finish_reason="length",
+    )
+    model = ScriptedChatModel(cut, cut, "done")
+    bot = service(model, [save])
+    with pytest.raises(IncompleteResponseError, match="finish_reason='length'"):
+        bot.chat("dan", "save a long text")
+    assert len(model.requests) == 1
+    assert ran == []
+    assert bot.get_chat_memory("dan").messages() == []

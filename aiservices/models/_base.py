@@ -73,6 +73,12 @@ class ChatRequestParameters:
             raise ValueError(
                 f"tool_choice must be 'auto', 'required', 'none' or a tool name, not {choice!r}"
             )
+        if isinstance(self.stop_sequences, str):
+            # A str is a sequence of str: each character would become a stop sequence.
+            raise TypeError(
+                f"stop_sequences must be a list of strings, not a str: "
+                f"stop_sequences=[{self.stop_sequences!r}]"
+            )
 
 
 _NO_PARAMETERS = ChatRequestParameters()

@@ -194,6 +194,30 @@ def check_transport(max_retries: int | None, timeout: object) -> None:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
 
 
+def check_http_package(sdk_client: type, objects: Mapping[str, object]) -> None:
+    """Reject ``httpx`` objects for an SDK built on ``httpx2`` (``sdk_client``: its default
+    HTTP client class), which refuses them only at its first request."""
+    if _package(sdk_client) != "httpx2":
+        return
+    for name, value in objects.items():
+        if value is not None and _package(type(value)) == "httpx":
+            kind = type(value).__name__
+            raise TypeError(
+                f"{name} is an httpx.{kind}, but the installed "
+                f"{sdk_client.__module__.partition('.')[0]} SDK is built on httpx2: pass an "
+                f"httpx2.{kind}"
+            )
+
+
+def _package(cls: type) -> str:
+    # The top package of the first class in the MRO that comes from httpx or httpx2.
+    for klass in cls.__mro__:
+        root = str(getattr(klass, "__module__", "")).partition(".")[0]
+        if root in ("httpx", "httpx2"):
+            return root
+    return str(cls.__module__).partition(".")[0]
+
+
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
     """Reject an option value that is not one of ``choices``."""
     if value not in choices:

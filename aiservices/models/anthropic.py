@@ -35,6 +35,7 @@ from ._sdk import (
     cached_each,
     check_choice,
     check_clients,
+    check_http_package,
     check_model_name,
     check_sampling,
     check_transport,
@@ -123,6 +124,14 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                 f"max_tokens must be a positive int (the API requires a cap), not {max_tokens!r}"
             )
         check_transport(max_retries, timeout)
+        check_http_package(
+            anthropic.DefaultHttpxClient,
+            {
+                "timeout": timeout,
+                "http_client": http_client,
+                "async_http_client": async_http_client,
+            },
+        )
         check_choice("structured_output", structured_output, _STRUCTURED_OUTPUT_MODES)
         check_clients(
             _SDK,
@@ -426,6 +435,14 @@ def _put(kwargs: dict[str, Any], key: str, value: Any) -> None:
 # -- response mapping ----------------------------------------------------------------------
 
 
+# The fields of the prompt's token count: input_tokens leaves out cached tokens.
+_INPUT_FIELDS: Final = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+)
+
+
 def _usage(usage: Any) -> TokenUsage | None:
     if usage is None:
         return None
@@ -487,7 +504,7 @@ class _StreamAccumulator:
     __slots__ = (
         "_blocks",
         "_finish",
-        "_input_tokens",
+        "_inputs",
         "_output_tokens",
         "_output_tool",
         "_stopped",
@@ -499,7 +516,9 @@ class _StreamAccumulator:
         # index -> [kind, id, name, parts]; kind is "text", "tool" or "answer"
         self._blocks: dict[int, list[Any]] = {}
         self._finish: str | None = None
-        self._input_tokens: int | None = None
+        # The prompt's tokens by field (uncached, cache reads, cache writes): a
+        # message_delta restates those that changed and may leave the others out.
+        self._inputs: dict[str, int] = {}
         self._output_tokens: int | None = None
 
     def add(self, event: Any) -> str | None:
@@ -544,7 +563,7 @@ class _StreamAccumulator:
         elif kind == "message_start":
             usage = event.message.usage
             if usage is not None:
-                self._input_tokens = _usage(usage).input_tokens  # type: ignore[union-attr]
+                self._take_inputs(usage)
                 self._output_tokens = usage.output_tokens
         elif kind == "message_delta":
             if event.delta.stop_reason is not None:
@@ -553,9 +572,14 @@ class _StreamAccumulator:
             if usage is not None:
                 # message_delta counts are cumulative for the whole message.
                 self._output_tokens = usage.output_tokens
-                if usage.input_tokens is not None:
-                    self._input_tokens = _usage(usage).input_tokens  # type: ignore[union-attr]
+                self._take_inputs(usage)
         return None
+
+    def _take_inputs(self, usage: Any) -> None:
+        for field in _INPUT_FIELDS:
+            value = getattr(usage, field, None)
+            if value is not None:
+                self._inputs[field] = value
 
     def response(self) -> ChatResponse:
         """The whole answer, once the stream has ended with message_stop."""
@@ -587,9 +611,12 @@ class _StreamAccumulator:
             text = answer
             if finish == "tool_calls":
                 finish = "stop"
+        inputs = self._inputs.get("input_tokens")
+        if inputs is not None:  # with the cached tokens, as _usage counts them
+            inputs += sum(self._inputs.get(f, 0) for f in _INPUT_FIELDS[1:])
         usage = (
-            TokenUsage(self._input_tokens, self._output_tokens)
-            if self._input_tokens is not None or self._output_tokens is not None
+            TokenUsage(inputs, self._output_tokens)
+            if inputs is not None or self._output_tokens is not None
             else None
         )
         return ChatResponse(AiMessage(text, requests, reasoning=reasoning or None), usage, finish)

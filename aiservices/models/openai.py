@@ -7,6 +7,7 @@ It serves OpenAI itself and any server that speaks the same API (Ollama, vLLM, L
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -427,6 +428,21 @@ def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
+def _another_call(entry: list[Any], function: Any) -> bool:
+    """Whether a named piece without an id, at an index whose call has a name, starts
+    another call: some compatible servers send several whole calls, all at index 0 and
+    without ids. Another name says so, and so does the same name after whole arguments."""
+    name = getattr(function, "name", None)
+    if not name or not entry[1]:
+        return False
+    if name != entry[1]:
+        return True
+    try:
+        return isinstance(json.loads("".join(entry[2])), dict)
+    except ValueError:
+        return False
+
+
 class _StreamAccumulator:
     """Folds ``ChatCompletionChunk`` objects into text deltas and one final response."""
 
@@ -449,6 +465,11 @@ class _StreamAccumulator:
         if not choices:
             return None  # the usage chunk, or a keep-alive
         choice = choices[0]
+        if choice.index:
+            # Another candidate's piece (n > 1): the answer is the first's, as chat() takes.
+            choice = next((c for c in choices if not c.index), None)
+            if choice is None:
+                return None
         if choice.finish_reason is not None:
             self._finish = choice.finish_reason
         delta = choice.delta
@@ -457,12 +478,14 @@ class _StreamAccumulator:
         if delta.tool_calls:
             for position, call in enumerate(delta.tool_calls):
                 self._add_call(position, call)
-        refusal = getattr(delta, "refusal", None)
-        if refusal:
-            self._refusal.append(refusal)
         text: str | None = delta.content
         if text:
             self._text.append(text)
+        refusal: str | None = getattr(delta, "refusal", None)
+        if refusal:
+            self._refusal.append(refusal)
+            if not self._text:
+                return refusal  # the answer's text, as response() makes it: streamed as such
         return text
 
     def _add_call(self, position: int, call: Any) -> None:
@@ -470,13 +493,17 @@ class _StreamAccumulator:
         entry = self._by_index.get(index)
         # A new id at a known index is a new call: some compatible servers number every
         # call 0 when they send several whole calls.
-        if entry is None or (call.id and entry[0] and call.id != entry[0]):
+        function = call.function
+        if (
+            entry is None
+            or (call.id and entry[0] and call.id != entry[0])
+            or (not call.id and _another_call(entry, function))
+        ):
             entry = [call.id, None, []]
             self._calls.append(entry)
             self._by_index[index] = entry
         elif call.id and not entry[0]:
             entry[0] = call.id
-        function = call.function
         if function is not None:
             if function.name:
                 entry[1] = function.name

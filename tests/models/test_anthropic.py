@@ -505,6 +505,36 @@ def test_provider_errors_propagate_as_sdk_types(
     assert ANTHROPIC_KEY not in repr(caught.value)
 
 
+def test_stream_usage_keeps_the_cached_tokens_message_start_gave(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # message_delta restates the uncached count and may leave the cache fields out.
+    from _anthropic_server import stream_events
+
+    events = list(stream_events([text("Hi")], stop_reason="end_turn", output_tokens=4))
+    start = events[0][1]["message"]["usage"]
+    start.update(cache_read_input_tokens=100, cache_creation_input_tokens=5, input_tokens=10)
+    kind, delta = events[-2]
+    assert kind == "message_delta"
+    delta["usage"] = {"input_tokens": 10, "output_tokens": 4}
+    anthropic_server.queue(Reply(events=tuple(events)))
+
+    _, final = split_stream(list(anthropic_model().stream(ask())))
+
+    assert final.token_usage == TokenUsage(115, 4)
+
+
+def test_httpx_objects_for_an_sdk_built_on_httpx2_fail_when_the_model_is_made() -> None:
+    import httpx
+
+    if anthropic.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0] != "httpx2":
+        pytest.skip("this anthropic SDK is built on httpx")
+    with pytest.raises(TypeError, match=r"http_client is an httpx.Client.*pass an httpx2.Client"):
+        AnthropicChatModel(MODEL, api_key="k", http_client=httpx.Client())
+    with pytest.raises(TypeError, match=r"timeout is an httpx.Timeout"):
+        AnthropicChatModel(MODEL, api_key="k", timeout=httpx.Timeout(5))
+
+
 def test_an_error_event_mid_stream_raises(
     anthropic_server: AnthropicServer, anthropic_model: Make
 ) -> None:

@@ -448,6 +448,85 @@ def test_stream_with_interleaved_tool_call_deltas(
     ]
 
 
+def _piece(
+    delta: dict[str, Any], finish_reason: str | None = None, index: int = 0
+) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": MODEL,
+        "choices": [
+            {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def test_a_streamed_refusal_is_streamed_as_the_answers_text(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    openai_server.reply_raw_stream(
+        [
+            _piece({"role": "assistant", "content": None, "refusal": "I'm sorry, "}),
+            _piece({"refusal": "I can't help."}),
+            _piece({}, "stop"),
+        ]
+    )
+
+    deltas, final = split_stream(list(openai_model().stream(ask())))
+
+    assert "".join(deltas) == final.ai_message.text == "I'm sorry, I can't help."
+    assert final.finish_reason == "content_filter"
+
+
+def test_stream_separates_whole_calls_sent_at_one_index_without_ids(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # As some compatible servers (and gateways in front of them) stream several calls.
+    def call(name: str, arguments: str) -> dict[str, Any]:
+        function = {"name": name, "arguments": arguments}
+        return {"tool_calls": [{"index": 0, "type": "function", "function": function}]}
+
+    openai_server.reply_raw_stream(
+        [
+            _piece(call("get_weather", '{"city": "Paris"}')),
+            _piece(call("get_time", '{"tz": "Asia/Tokyo"}')),
+            _piece(call("get_time", '{"tz": "Europe/Oslo"}')),
+            _piece({}, "tool_calls"),
+        ]
+    )
+
+    _, final = split_stream(list(openai_model().stream(ask())))
+
+    assert [(r.name, r.arguments) for r in final.ai_message.tool_execution_requests] == [
+        ("get_weather", '{"city": "Paris"}'),
+        ("get_time", '{"tz": "Asia/Tokyo"}'),
+        ("get_time", '{"tz": "Europe/Oslo"}'),
+    ]
+    ids = [r.id for r in final.ai_message.tool_execution_requests]
+    assert len(set(ids)) == 3
+
+
+def test_stream_takes_the_first_candidate_as_chat_does(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    openai_server.reply_raw_stream(
+        [
+            _piece({"role": "assistant", "content": "Hello "}),
+            _piece({"role": "assistant", "content": "Bonjour "}, index=1),
+            _piece({"content": "world"}),
+            _piece({"content": "le monde"}, index=1),
+            _piece({}, "stop"),
+            _piece({}, "stop", index=1),
+        ]
+    )
+
+    deltas, final = split_stream(list(openai_model(extra={"n": 2}).stream(ask())))
+
+    assert deltas == ["Hello ", "world"]
+    assert final.ai_message.text == "Hello world"
+
+
 def test_stream_from_a_server_that_sends_no_usage(
     openai_server: OpenAIServer, openai_model: Make
 ) -> None:

@@ -110,6 +110,13 @@ def test_a_tool_choice_must_be_a_name() -> None:
         ChatRequestParameters(tool_choice="")
 
 
+def test_stop_sequences_given_as_one_string_are_refused() -> None:
+    # Taken as a sequence, "END" would stop the answer at any E, N or D.
+    with pytest.raises(TypeError, match=r"stop_sequences=\['END'\]"):
+        ChatRequestParameters(stop_sequences="END")
+    assert ChatRequestParameters(stop_sequences=["END"]).stop_sequences == ["END"]
+
+
 def test_a_json_object_format_carries_the_schema_for_llama_cpp_style_servers(
     openai_server: OpenAIServer, openai_model: Callable[..., Any]
 ) -> None:
