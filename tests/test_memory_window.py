@@ -754,3 +754,41 @@ async def test_a_cancelled_async_waiter_leaves_the_memory_usable() -> None:
     await first
     await memory.aadd(user("3"))
     assert await memory.amessages() == [user("1"), user("3")]
+
+
+def test_a_read_left_running_by_a_cancelled_caller_frees_the_memory_when_its_loop_is_gone() -> None:
+    # A store without async methods is read in a worker thread; a caller cancelled
+    # meanwhile leaves the memory to that thread, which frees it when it ends, whether or not
+    # the caller's event loop still runs (a sync wrapper closes its loop at once).
+    import time
+
+    class SlowReads:
+        def __init__(self) -> None:
+            self.stored: dict[Hashable, list[ChatMessage]] = {}
+
+        def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+            time.sleep(0.2)
+            return list(self.stored.get(memory_id, []))
+
+        def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+            self.stored[memory_id] = list(messages)
+
+        def delete_messages(self, memory_id: Hashable) -> None:
+            self.stored.pop(memory_id, None)
+
+    memory = MessageWindowChatMemory(5, store=SlowReads())
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(memory.amessages(), 0.05))
+    finally:
+        loop.close()
+    done = threading.Event()
+
+    def later() -> None:
+        memory.add(user("after"))
+        done.set()
+
+    threading.Thread(target=later, daemon=True).start()
+    assert done.wait(5), "the memory stayed locked after its caller's loop closed"
+    assert memory.messages() == [user("after")]

@@ -471,21 +471,36 @@ class WindowChatMemory:
     async def _aio(self, op: int, argument: Any) -> Any:
         """Perform a store step for an async caller, the lock held."""
         import asyncio
+        import threading
 
         mode = self._ops.mode
         if mode is AsyncMode.DIRECT:
             return self._perform(op, argument)
         if mode is AsyncMode.NATIVE:
             return await self._aperform(op, argument)
-        work = asyncio.get_running_loop().run_in_executor(None, self._perform, op, argument)
+        # The worker thread releases the lock itself when the caller has left meanwhile:
+        # a callback on the loop would never run if the loop closed first.
+        guard = threading.Lock()
+        left = [False, False]  # [the caller gave up the lock to the worker, the worker ended]
+        lock = self._lock
+
+        def perform() -> Any:
+            try:
+                return self._perform(op, argument)
+            finally:
+                with guard:
+                    left[1] = True
+                    if left[0]:
+                        lock.release()
+
+        work = asyncio.get_running_loop().run_in_executor(None, perform)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            if not work.done():
-                # The worker thread goes on: the lock is released when it ends.
-                self._handed_off = True
-                lock = self._lock
-                work.add_done_callback(lambda _: lock.release())
+            with guard:
+                if not left[1]:
+                    left[0] = True  # the worker thread goes on, and releases the lock
+                    self._handed_off = True
             raise
 
     def _unlock(self) -> None:
