@@ -24,7 +24,7 @@ import contextlib
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Generator, Hashable
+from collections.abc import AsyncGenerator, Coroutine, Generator, Hashable
 from contextvars import ContextVar, Token
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -153,14 +153,25 @@ class MemoryScope:
                     await stream.aclose()
                 else:
                     stream.close()
+        cancelled: BaseException | None = None
         for service in self._leave():
             try:
                 if self.on_exit == "forget":
-                    await service.aforget(self.memory_id)
+                    await _to_the_end(service.aforget(self.memory_id))
                 else:
                     service.evict(self.memory_id)
+            except _Cancelled as stopped:
+                cancelled = stopped.error
+                if stopped.failed is not None:
+                    errors.append(stopped.failed)
             except Exception as error:
                 errors.append(error)
+        if cancelled is not None:
+            if errors:  # shown with the cancellation, which must go on
+                cancelled.__context__ = ExceptionGroup(
+                    "ending the scope's conversations failed", errors
+                )
+            raise cancelled
         _raise(errors)
 
 
@@ -185,6 +196,37 @@ def _close_here(stream: AsyncGenerator[object, None]) -> bool:
         return False
     closing.close()  # it awaits something only a loop can finish
     return False
+
+
+class _Cancelled(Exception):
+    """A forget that ran to its end although its caller was cancelled meanwhile."""
+
+    def __init__(self, error: BaseException, failed: Exception | None) -> None:
+        super().__init__()
+        self.error = error  # the cancellation
+        self.failed = failed  # what the forget raised, if it did
+
+
+async def _to_the_end(forgetting: Coroutine[object, None, None]) -> None:
+    """Await ``forgetting`` to its end even when cancelled meanwhile (a web framework may
+    cancel a request's task again while its scope exits), then say it was (`_Cancelled`).
+
+    The block was left: what it said was kept for it must go, whatever stopped it.
+    """
+    import asyncio
+
+    task = asyncio.ensure_future(forgetting)
+    cancelled: BaseException | None = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))  # (which never cancels the task it waits for)
+        except asyncio.CancelledError as stopped:
+            cancelled = stopped
+    failed = task.exception()  # raises CancelledError if the forget itself was cancelled
+    if cancelled is not None:
+        raise _Cancelled(cancelled, failed if isinstance(failed, Exception) else None)
+    if failed is not None:
+        raise failed
 
 
 def _raise(errors: list[Exception]) -> None:

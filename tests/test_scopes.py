@@ -535,3 +535,42 @@ def test_a_stream_of_a_scope_that_keeps_its_conversation_may_be_read_after_it(
         first = next(iter(stream))
     assert first + "".join(stream) == "Hello there"
     assert [m.text for m in store.get_messages("s")] == ["hi", "Hello there"]
+
+
+async def test_a_scope_cancelled_again_while_it_forgets_still_forgets() -> None:
+    # A web framework may cancel a request's task again while its scope exits: the exit
+    # waits for the turn in flight, forgets, then lets the cancellation go on.
+    store = InMemoryChatMemoryStore()
+    answering, go = asyncio.Event(), asyncio.Event()
+
+    class Waiting(ScriptedChatModel):
+        async def achat(self, request: Any) -> Any:
+            answering.set()
+            await go.wait()
+            return await super().achat(request)
+
+    bot = ai_service(
+        AsyncBot,
+        model=Waiting(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    calls: list[asyncio.Task[str]] = []
+
+    async def handler() -> None:
+        async with memory_scope("request"):
+            calls.append(asyncio.ensure_future(bot.chat("private")))
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(handler())
+    await answering.wait()
+    task.cancel()  # the exit now waits for the turn in flight
+    for _ in range(5):
+        await asyncio.sleep(0)
+    task.cancel()  # and is cancelled again
+    for _ in range(5):
+        await asyncio.sleep(0)
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert await calls[0] == "ok"
+    assert store.get_messages("request") == []
