@@ -22,11 +22,13 @@ class TurnLock:
 
     # Explicit acquire/release of the mutex rather than `with`: this runs twice per call,
     # and the context-manager protocol costs more than the work it guards.
-    __slots__ = ("_held", "_mutex", "_waiters")
+    __slots__ = ("_held", "_loop", "_mutex", "_waiters")
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._held = False
+        # The event loop of the task holding the lock; None when a thread holds it.
+        self._loop: asyncio.AbstractEventLoop | None = None
         # Made by the first waiter: most conversations never see two calls at once, and an
         # empty deque costs 600 bytes, more than the rest of the lock.
         self._waiters: (
@@ -42,9 +44,17 @@ class TurnLock:
         mutex.acquire()
         if not self._held:
             self._held = True
+            self._loop = None
             mutex.release()
             return
         try:
+            if self._loop is not None and _runs_here(self._loop):
+                raise RuntimeError(
+                    "a blocking call waits for a conversation that a task of the event loop "
+                    "running in this thread holds: that task could never go on. From async "
+                    "code, await the async method, or run the blocking call in a worker thread "
+                    "(asyncio.to_thread)"
+                )
             event = threading.Event()
             self._queue().append(event)
         finally:
@@ -66,6 +76,7 @@ class TurnLock:
             if self._held:
                 return False
             self._held = True
+            self._loop = None
             return True
         finally:
             mutex.release()
@@ -76,6 +87,7 @@ class TurnLock:
         with self._mutex:
             if not self._held:
                 self._held = True
+                self._loop = asyncio.get_running_loop()
                 return
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
@@ -88,6 +100,11 @@ class TurnLock:
                 # The lock was handed over just as the task was cancelled: pass it on.
                 self.release()
             raise
+
+    def pass_to_thread(self) -> None:
+        """Note that the task holding the lock hands it to a thread, which will release it."""
+        with self._mutex:
+            self._loop = None
 
     def release(self) -> None:
         mutex = self._mutex
@@ -128,11 +145,13 @@ class TurnLock:
         while waiters:
             waiter = waiters.popleft()
             if isinstance(waiter, threading.Event):
+                self._loop = None
                 waiter.set()
                 return
             future, loop = waiter
             if future.done() or loop.is_closed():
                 continue
+            self._loop = loop
             loop.call_soon_threadsafe(self._hand_over, future)
             return
         self._held = False
@@ -143,3 +162,13 @@ class TurnLock:
             self.release()
         else:
             future.set_result(None)
+
+
+def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the event loop running in this thread."""
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -209,3 +209,58 @@ def test_a_lock_handed_to_an_interrupted_waiter_is_passed_on(
     with pytest.raises(_Interrupted):
         lock.acquire()
     assert not lock.locked, "the lock handed over to the interrupted waiter stayed held"
+
+
+async def test_a_blocking_wait_on_the_loop_of_the_task_holding_the_lock_is_refused() -> None:
+    # The task could never go on while its loop's thread waits: a deadlock, said instead.
+    lock = TurnLock()
+    await lock.aacquire()
+    with pytest.raises(RuntimeError, match="a task of the event loop running in this thread"):
+        lock.acquire()
+    # Another thread may wait for it: the task goes on and releases it.
+    got = threading.Event()
+
+    def other() -> None:
+        lock.acquire()
+        got.set()
+        lock.release()
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    await asyncio.sleep(0.05)
+    assert not got.is_set()
+    lock.release()
+    await asyncio.to_thread(thread.join, 5)
+    assert got.is_set()
+    lock.acquire()  # held by no task now: a blocking acquire on the loop's thread is fine
+    lock.release()
+
+
+async def test_a_blocking_call_on_the_loop_of_a_task_mid_turn_says_so() -> None:
+    from typing import Annotated, Protocol
+
+    from aiservices import MemoryId, MessageWindowChatMemory, ai_service
+    from aiservices.testing import ScriptedChatModel
+
+    answering, go = asyncio.Event(), asyncio.Event()
+
+    class Waiting(ScriptedChatModel):
+        async def achat(self, request: object) -> object:
+            answering.set()
+            await go.wait()
+            return await super().achat(request)  # type: ignore[arg-type]
+
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+        async def achat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    bot = ai_service(
+        Bot, model=Waiting(default="ok"), chat_memory_provider=MessageWindowChatMemory.provider()
+    )
+    turn = asyncio.ensure_future(bot.achat("ann", "first"))
+    await answering.wait()
+    with pytest.raises(RuntimeError, match=r"await the async method"):
+        bot.chat("ann", "second")
+    go.set()
+    assert await turn == "ok"

@@ -501,6 +501,7 @@ class WindowChatMemory:
                 if not left[1]:
                     left[0] = True  # the worker thread goes on, and releases the lock
                     self._handed_off = True
+                    lock.pass_to_thread()
             raise
 
     def _unlock(self) -> None:
