@@ -186,16 +186,43 @@ def _on_event_loop() -> bool:
 
 
 def _close_here(stream: AsyncGenerator[object, None]) -> bool:
-    """Close ``stream`` without an event loop's help; ``False`` if closing had to wait."""
+    """Close ``stream`` without an event loop's help; ``False`` if closing had to wait (it
+    then finishes on the loop once this thread gives it back, releasing the conversation)."""
     closing = stream.aclose()
     try:
-        closing.send(None)
+        waited = closing.send(None)
     except StopIteration:
         return True
     except (RuntimeError, ValueError):  # running (another task has it), or closing already
         return False
-    closing.close()  # it awaits something only a loop can finish
+    import asyncio
+
+    # It awaits something only the loop can finish (a provider's HTTP response closing).
+    finishing = asyncio.get_running_loop().create_task(_finish(closing, waited))
+    _FINISHING.add(finishing)
+    finishing.add_done_callback(_FINISHING.discard)
     return False
+
+
+async def _finish(closing: Coroutine[object, None, None], waited: object) -> None:
+    """Drive a coroutine that was started by hand to its end, as a task would have."""
+    import asyncio
+
+    while True:
+        if isinstance(waited, asyncio.Future):
+            await asyncio.wait((waited,))
+        else:  # a bare yield (asyncio.sleep(0))
+            await asyncio.sleep(0)
+        try:
+            waited = closing.send(None)
+        except StopIteration:
+            return
+        except Exception:  # a close that fails has still ended
+            return
+
+
+# Closings left to the loop, held until they end (a task only weakly held may vanish).
+_FINISHING: Final[set[object]] = set()
 
 
 class _Cancelled(Exception):

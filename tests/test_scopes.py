@@ -574,3 +574,50 @@ async def test_a_scope_cancelled_again_while_it_forgets_still_forgets() -> None:
         await asyncio.wait_for(task, 5)
     assert await calls[0] == "ok"
     assert store.get_messages("request") == []
+
+
+def test_a_plain_with_leaves_a_close_that_must_wait_to_the_loop_and_frees_the_conversation() -> (
+    None
+):
+    # A provider's stream awaits its HTTP response's close: the exit can't wait for it, so
+    # it says so, and the loop finishes the close once the exit gives it back.
+    store = InMemoryChatMemoryStore()
+
+    class SlowToClose:
+        def chat(self, request: Any) -> Any:
+            from aiservices.models import ChatResponse
+
+            return ChatResponse(AiMessage("plain"))
+
+        async def astream(self, request: Any) -> AsyncIterator[Any]:
+            from aiservices.models import ChatResponse
+
+            try:
+                yield "Hel"
+                yield "lo"
+                yield ChatResponse(AiMessage("Hello"))
+            finally:
+                await asyncio.sleep(0.01)  # closing a response takes an await
+
+    bot = ai_service(
+        AsyncStreamingBot,
+        model=SlowToClose(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def user_code() -> Any:
+        try:
+            with memory_scope("s"):
+                stream = bot.chat("hi")
+                await stream.__anext__()
+        except RuntimeError as error:
+            said = str(error)
+        else:
+            raise AssertionError("the exit did not say it could not close the stream")
+        with memory_scope("s", on_exit="keep"):
+            return said, [chunk async for chunk in bot.chat("again")]
+
+    ((said, again),) = _in_a_thread(user_code)
+    assert "async with memory_scope" in said
+    assert "".join(again) == "Hello"
+    assert [m.text for m in store.get_messages("s")] == ["again", "Hello"]
