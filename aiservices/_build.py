@@ -228,7 +228,11 @@ def build(
         problems.append(f"max_tool_invocations={max_tool_invocations}: must be 0 or more")
     if max_output_retries < 0:
         problems.append(f"max_output_retries={max_output_retries}: must be 0 or more")
-    if type(chat_memory_cache_size) is not int or chat_memory_cache_size < 1:
+    if (
+        not isinstance(chat_memory_cache_size, int)
+        or isinstance(chat_memory_cache_size, bool)
+        or chat_memory_cache_size < 1
+    ):
         problems.append(
             f"chat_memory_cache_size={chat_memory_cache_size!r}: must be an int, 1 or more"
         )

@@ -52,8 +52,8 @@ class TurnLock:
                 raise RuntimeError(
                     "a blocking call waits for a conversation that a task of the event loop "
                     "running in this thread holds: that task could never go on. From async "
-                    "code, await the async method, or run the blocking call in a worker thread "
-                    "(asyncio.to_thread)"
+                    "code, await the async method (and leave a memory_scope with `async "
+                    "with`), or run the blocking call in a worker thread (asyncio.to_thread)"
                 )
             event = threading.Event()
             self._queue().append(event)

@@ -172,8 +172,11 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     schema = clean_json_schema(raw)
     properties = schema["properties"]
     for name, default in defaults.items():
+        shown = properties.get(name)
+        if shown is None:
+            continue  # shown under an alias this does not follow (AliasChoices, AliasPath)
         with contextlib.suppress(ValueError):  # no JSON form: the model is not told
-            properties[name]["default"] = to_jsonable_python(default)
+            shown["default"] = to_jsonable_python(default)
     returns = signature.return_annotation
     return ToolSignature(
         schema=schema,

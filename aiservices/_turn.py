@@ -422,7 +422,8 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 raise IncompleteResponseError(
                     f"{plan.qualname}: the model's tool call was cut at the output token "
                     "limit (finish_reason='length'), so its arguments may be incomplete; "
-                    "raise max_output_tokens in the service's parameters"
+                    "raise max_output_tokens in the service's parameters (or, when the "
+                    "conversation fills the model's context, keep a smaller window)"
                 )
             if tool_rounds >= state.max_tool_invocations:
                 raise ToolLimitError(

@@ -168,7 +168,9 @@ def observe_conversations(
                 callback = _reading(metrics.Observation, observed, field)
                 create(instrument, callbacks=[callback], unit=unit, description=description)
         # A service that is gone stops being reported: its stats are held weakly.
-        observed.append((weakref.WeakMethod(service.conversation_stats), attributes))
+        stats = weakref.WeakMethod(service.conversation_stats)
+        if all(stats != seen for seen, _ in observed):  # observed again: reported once
+            observed.append((stats, attributes))
 
 
 _OBSERVING: Final = threading.Lock()

@@ -108,6 +108,7 @@ def test_several_services_report_on_one_meter_provider() -> None:
     )
     observe_conversations(support, meter_provider=meters)
     observe_conversations(triage, meter_provider=meters)
+    observe_conversations(triage, meter_provider=meters)  # again: still reported once
     support.chat("alice", "hi")
     for turn in range(2):
         triage.chat("bob", f"turn {turn}")

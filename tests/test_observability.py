@@ -155,6 +155,14 @@ def test_a_listener_without_hooks_fails_the_build() -> None:
         make(ScriptedChatModel(), object())
 
 
+def test_a_listener_made_with_autospec_builds_and_is_called() -> None:
+    from unittest.mock import create_autospec
+
+    listener = create_autospec(Recorder, instance=True)
+    make(ScriptedChatModel("hi"), listener).chat("ann", "hello")
+    assert listener.on_call_end.call_count == 1
+
+
 def test_a_listener_class_or_an_async_hook_fails_the_build() -> None:
     # Passed as a class, each hook would fail at every call; an async hook would never run.
     from aiservices import InterfaceError

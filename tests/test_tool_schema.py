@@ -227,6 +227,18 @@ def test_an_aliased_parameter_shows_its_default_under_its_alias() -> None:
     assert signature.bind('{"from": "Oslo"}', None) == ((), {"origin": "Oslo"})
 
 
+def test_a_parameter_with_alias_choices_and_a_default_builds() -> None:
+    from pydantic import AliasChoices
+
+    def travel(
+        origin: Annotated[str, Field(validation_alias=AliasChoices("from", "start"))] = "home",
+    ) -> str:
+        return origin
+
+    signature = read_signature(travel, skip_first=False, where="travel")
+    assert signature.schema["required"] == []
+
+
 def test_a_field_description_overrides_a_model_docstring() -> None:
     def fn(where: Annotated[Address, Field(description="Delivery address")]) -> None: ...
 

@@ -454,7 +454,8 @@ class WindowChatMemory:
         try:
             return await self._adrive(steps)
         except BaseException:
-            self._reset()
+            if not self._handed_off:  # else the worker thread resets when it ends
+                self._reset()
             raise
         finally:
             self._unlock()
@@ -478,8 +479,10 @@ class WindowChatMemory:
             return self._perform(op, argument)
         if mode is AsyncMode.NATIVE:
             return await self._aperform(op, argument)
-        # The worker thread releases the lock itself when the caller has left meanwhile:
-        # a callback on the loop would never run if the loop closed first.
+        # The worker thread ends the call itself when the caller has left meanwhile (what
+        # it did is forgotten, then the lock released): a callback on the loop would never
+        # run if the loop closed first, and the caller resetting the memory while the
+        # worker still used it would race with it.
         guard = threading.Lock()
         left = [False, False]  # [the caller gave up the lock to the worker, the worker ended]
         lock = self._lock
@@ -491,6 +494,7 @@ class WindowChatMemory:
                 with guard:
                     left[1] = True
                     if left[0]:
+                        self._reset()
                         lock.release()
 
         work = asyncio.get_running_loop().run_in_executor(None, perform)

@@ -437,6 +437,8 @@ def _another_call(entry: list[Any], function: Any) -> bool:
         return False
     if name != entry[1]:
         return True
+    if not getattr(function, "arguments", None):
+        return False  # a trailing piece that only repeats the name
     try:
         return isinstance(json.loads("".join(entry[2])), dict)
     except ValueError:

@@ -492,6 +492,7 @@ def test_stream_separates_whole_calls_sent_at_one_index_without_ids(
             _piece(call("get_weather", '{"city": "Paris"}')),
             _piece(call("get_time", '{"tz": "Asia/Tokyo"}')),
             _piece(call("get_time", '{"tz": "Europe/Oslo"}')),
+            _piece(call("get_time", "")),  # a trailing piece that only repeats the name
             _piece({}, "tool_calls"),
         ]
     )
