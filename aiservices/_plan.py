@@ -289,8 +289,9 @@ def plan_method(
     known = frozenset(v for v, _ in variables)
 
     own_system: str | None = getattr(function, SYSTEM_ATTRIBUTE, None)
-    # A method's own wins, even an empty one: that method then sends no system message.
-    system_source = (default_system if own_system is None else own_system) or None
+    # A method's own wins, even an empty one: that method then sends no system message,
+    # not even one a system_message_provider would give.
+    system_source = default_system if own_system is None else own_system
     user_source = getattr(function, USER_ATTRIBUTE, None)
     system_template = _template(system_source, "@system_message", where, known, problems)
     user_template = _template(user_source, "@user_message", where, known, problems)

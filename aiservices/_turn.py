@@ -266,7 +266,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
     context = args[plan.context_index] if plan.context_index is not None else None
     system: str | None = None
     if system_template is not None:
-        system = system_template.render(values)
+        system = system_template.render(values) or None  # (empty: none for this method)
     elif state.system_message_provider is not None:
         if state.system_provider_takes_context:
             system = state.system_message_provider(memory_id, context=context)  # type: ignore[call-arg]
@@ -284,7 +284,13 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         assert plan.user_message_index is not None
         value = args[plan.user_message_index]
         text = value if type(value) is str else render_value(value)
-    name = args[plan.user_name_index] if plan.user_name_index is not None else None
+    at = plan.user_name_index
+    name = args[at] if at is not None else None
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"{plan.qualname}({plan.parameters[at or 0]}): a UserName must be a "
+            f"str (or None), not {type(name).__name__}; pass str({name!r:.40}) for a numeric id"
+        )
     return Call(plan, memory_id, key, conversation, system, text, name, context, scope)
 
 
@@ -403,9 +409,16 @@ def turn(state: ServiceState, call: Call) -> Turn:
     sent = messages
     transform = state.request_transformer
     while True:
-        request = ChatRequest(sent, specifications, response_format, parameters)
-        if transform is not None:
-            request = _transformed(transform, request, call.memory_id)
+        if transform is None:
+            request = ChatRequest(sent, specifications, response_format, parameters)
+        else:
+            # Its own list: a transformer that changes it in place must not change the turn
+            # the next requests are made from.
+            request = _transformed(
+                transform,
+                ChatRequest(list(sent), specifications, response_format, parameters),
+                call.memory_id,
+            )
         if info is not None:
             emit(hooks.on_request, info, request)  # type: ignore[union-attr]
         response: ChatResponse = yield MODEL, request
@@ -558,10 +571,10 @@ def _seeded(
     seed: object, seed_memory: object, turn_id: str | None, at: datetime | None
 ) -> list[ChatMessage]:
     """The seed's messages, stamped as this turn's."""
-    if isinstance(seed, (str, bytes)) or not isinstance(seed, Iterable):
+    if isinstance(seed, (str, bytes, ChatMessage)) or not isinstance(seed, Iterable):
         raise TypeError(
             f"seed_memory {_name(seed_memory)} returned {type(seed).__name__}; it returns "
-            "a sequence of chat messages"
+            "a sequence of chat messages ([SystemMessage(...)], say)"
         )
     messages: list[ChatMessage] = []
     for message in seed:

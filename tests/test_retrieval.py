@@ -194,6 +194,28 @@ def test_the_request_transformer_changes_every_request_and_never_the_memory(
     assert [m.text for m in store_under_test.store.get_messages("u")] == ["three things", "3"]
 
 
+def test_a_transformer_that_changes_the_request_in_place_changes_only_that_request() -> None:
+    def policy(request: ChatRequest, memory_id: Hashable) -> ChatRequest:
+        request.messages.insert(0, SystemMessage("POLICY"))  # type: ignore[attr-defined]
+        return request
+
+    class Counter(ChatMemoryAccess, Protocol):
+        def count(self, user: Annotated[str, MemoryId], text: str) -> int: ...
+
+    model = ScriptedChatModel("not a number", "still not", "3")
+    bot = ai_service(
+        Counter,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+        request_transformer=policy,
+        max_output_retries=2,
+    )
+    assert bot.count("u", "three things") == 3
+    for request in model.requests:
+        assert [m.text for m in request.messages].count("POLICY") == 1
+    assert [m.text for m in bot.get_chat_memory("u").messages()] == ["three things", "3"]
+
+
 def test_a_request_transformer_must_return_a_request() -> None:
     class Plain(Protocol):
         def chat(self, text: str) -> str: ...

@@ -21,6 +21,7 @@ from aiservices import (
     MemoryScope,
     MessageWindowChatMemory,
     SqliteChatMemoryStore,
+    SystemMessage,
     UserMessage,
     ai_service,
     current_memory_scope,
@@ -308,6 +309,17 @@ def test_a_seed_that_is_not_messages_is_a_type_error() -> None:
         seed_memory=lambda memory_id: ["hello"],  # type: ignore[list-item,return-value,arg-type]
     )
     with pytest.raises(TypeError, match="each must be a chat message"):
+        bot.chat_as("ada", "hi")
+
+
+def test_a_seed_of_one_message_says_to_return_a_sequence() -> None:
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="x"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+        seed_memory=lambda memory_id: SystemMessage("Be a pirate."),  # type: ignore[arg-type,return-value]
+    )
+    with pytest.raises(TypeError, match=r"returned SystemMessage; it returns a sequence"):
         bot.chat_as("ada", "hi")
 
 

@@ -146,6 +146,17 @@ def test_alias_and_user_name() -> None:
     assert model.last_messages[-1] == UserMessage("hello", name="alice")
 
 
+def test_a_user_name_that_is_not_a_str_is_a_type_error_naming_the_parameter() -> None:
+    # Recorded as it was, it made the stored conversation unreadable.
+    class Room(Protocol):
+        def say(self, who: Annotated[str, UserName], text: str) -> str: ...
+
+    model = ScriptedChatModel("ok")
+    with pytest.raises(TypeError, match=r"Room.say\(who\): a UserName must be a str"):
+        ai_service(Room, model=model).say(1042, "hello")  # type: ignore[arg-type]
+    assert model.requests == []
+
+
 def test_class_level_system_message_applies_to_every_method_and_method_wins() -> None:
     @system_message("Be brief.")
     class Bot(Protocol):
@@ -171,6 +182,12 @@ def test_a_methods_empty_system_message_wins_over_the_class_one() -> None:
     model = ScriptedChatModel(default="ok")
     ai_service(Bot, model=model).free("x")
     assert [m.text for m in model.requests[0].messages] == ["x"]
+    # Nor does a system_message_provider give it one.
+    provided = ai_service(
+        Bot, model=model, system_message_provider=lambda memory_id: "You are a pirate."
+    )
+    provided.free("y")
+    assert [m.text for m in model.requests[1].messages] == ["y"]
 
 
 def test_system_message_provider_gets_the_memory_id() -> None:
