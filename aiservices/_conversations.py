@@ -12,14 +12,17 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._locks import TurnLock
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .stores._base import store_key
 
-__all__ = ["Conversation", "Conversations", "erase", "key_of", "settled"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["Conversation", "Conversations", "erase", "key_of", "settled", "to_the_end"]
 
 
 def key_of(memory_id: Hashable) -> str:
@@ -286,12 +289,23 @@ async def settled(write: Coroutine[Any, Any, Any]) -> Any:
     of its own, the conversation's lock stays held until it has finished, and the caller
     gets its outcome: the answer when the turn was written, the store's error when not.
     """
+    task, _ = await to_the_end(write)
+    # Cancelled itself (its loop is closing), the write raises CancelledError: nothing landed.
+    return task.result()
+
+
+async def to_the_end(
+    work: Coroutine[Any, Any, Any],
+) -> tuple[asyncio.Task[Any], BaseException | None]:
+    """Run ``work`` as a task of its own and wait for its end, even when cancelled meanwhile;
+    the ended task, and the cancellation that came meanwhile, if one did."""
     import asyncio
 
-    task = asyncio.ensure_future(write)
-    while True:
+    task = asyncio.ensure_future(work)
+    cancelled: BaseException | None = None
+    while not task.done():
         try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise  # the write itself was cancelled (its loop is closing): nothing landed
+            await asyncio.wait((task,))  # (which never cancels the task it waits for)
+        except asyncio.CancelledError as stopped:
+            cancelled = stopped
+    return task, cancelled

@@ -240,15 +240,9 @@ async def _to_the_end(forgetting: Coroutine[object, None, None]) -> None:
 
     The block was left: what it said was kept for it must go, whatever stopped it.
     """
-    import asyncio
+    from ._conversations import to_the_end
 
-    task = asyncio.ensure_future(forgetting)
-    cancelled: BaseException | None = None
-    while not task.done():
-        try:
-            await asyncio.wait((task,))  # (which never cancels the task it waits for)
-        except asyncio.CancelledError as stopped:
-            cancelled = stopped
+    task, cancelled = await to_the_end(forgetting)
     failed = task.exception()  # raises CancelledError if the forget itself was cancelled
     if cancelled is not None:
         raise _Cancelled(cancelled, failed if isinstance(failed, Exception) else None)
