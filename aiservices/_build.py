@@ -12,6 +12,7 @@ from ._conversations import Conversation, Conversations
 from ._hooks import Hooks
 from ._plan import plan_interface
 from ._runner import events_async, events_sync, run_async, run_sync, stream_async, stream_sync
+from ._threads import is_async
 from ._toolbox import Toolbox
 from ._turn import ServiceState
 from .errors import InterfaceError
@@ -135,13 +136,13 @@ def _with_guardrails(
                     f"{where}: the {kind} guardrail {_name(g)} is async and the method is "
                     "not: give async guardrails to async methods only"
                     for g in given
-                    if _is_async(g)
+                    if is_async(g)
                 ]
             problems += [
                 f"{where}: the {option} {_name(function)} is async and the method is not: "
                 f"make the method async or the {option} sync"
                 for option, function in awaited.items()
-                if function is not None and _is_async(function)
+                if function is not None and is_async(function)
             ]
         if outputs and plan.kind in ("stream", "astream", "events", "aevents"):
             problems.append(
@@ -170,14 +171,18 @@ def _takes_context(function: object) -> bool:
     )
 
 
-def _is_async(function: object) -> bool:
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
-    )
-
-
 def _name(function: object) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
+
+
+def _listed(option: str, given: Iterable[Any], problems: list[str]) -> tuple[Any, ...]:
+    """``given`` as a tuple; a lone callable, object or string where a list belongs is a
+    problem, with nothing taken from it."""
+    if callable(given) or isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+        name = getattr(given, "__name__", None) or "..."
+        problems.append(f"{option}= takes a list, not {given!r:.60}; write {option}=[{name}]")
+        return ()
+    return tuple(given)
 
 
 def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
@@ -192,6 +197,11 @@ def _check_model(model: object) -> tuple[ChatModel | None, str | None]:
                 f'model={model!r} needs the {sdk} SDK: pip install "aiservices[{provider}]"'
             )
         return None, model
+    if isinstance(model, type):
+        raise InterfaceError(
+            f"model={model.__name__} is a class; pass a model made from it, such as "
+            f"{model.__name__}(...)"
+        )
     if not callable(getattr(model, "chat", None)):
         raise InterfaceError(
             f"model={model!r} is not a ChatModel: it needs a chat(request) method "
@@ -241,7 +251,19 @@ def build(
             "chat_memory_provider must be a callable memory_id -> ChatMemory, such as "
             "MessageWindowChatMemory.provider(max_messages=20)"
         )
-    if chat_memory is not None and not callable(getattr(chat_memory, "messages", None)):
+    elif isinstance(chat_memory_provider, type) and hasattr(chat_memory_provider, "provider"):
+        # Called with a memory id, the class would take it for its limit.
+        name = chat_memory_provider.__name__
+        problems.append(
+            f"chat_memory_provider={name} is the memory class; pass a provider that makes one "
+            f"per memory id, such as {name}.provider(...)"
+        )
+    if isinstance(chat_memory, type):
+        problems.append(
+            f"chat_memory={chat_memory.__name__} is a class; pass a memory made from it, such "
+            f"as {chat_memory.__name__}(...)"
+        )
+    elif chat_memory is not None and not callable(getattr(chat_memory, "messages", None)):
         problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
     if tool_provider is not None and not callable(tool_provider):
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
@@ -251,10 +273,11 @@ def build(
             "callable memory_id -> str | None (for a fixed text, use @system_message on the "
             "interface or its methods)"
         )
-    listeners = list(listeners)
+    listeners = list(_listed("listeners", listeners, problems))
     problems.extend(Hooks.check(listeners))
-    input_guardrails = tuple(input_guardrails)
-    output_guardrails = tuple(output_guardrails)
+    input_guardrails = _listed("input_guardrails", input_guardrails, problems)
+    output_guardrails = _listed("output_guardrails", output_guardrails, problems)
+    tools = _listed("tools", tools, problems)
     for name, given in (
         ("input_guardrails", input_guardrails),
         ("output_guardrails", output_guardrails),
@@ -280,7 +303,7 @@ def build(
             ("tool_provider", tool_provider),
             ("request_transformer", request_transformer),
         )
-        if function is not None and _is_async(function)
+        if function is not None and is_async(function)
     ]
     if problems:
         raise InterfaceError(problems)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._locks import TurnLock
 from .memory import ChatMemory
-from .memory._base import ChatMemoryProvider
+from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider
 from .stores._base import store_key
 
 if TYPE_CHECKING:
@@ -55,6 +55,32 @@ class Conversation:
         self.blocking = getattr(memory, "is_blocking", True) is not False
         # A memory that counts tokens may calibrate its estimate with the provider's count.
         self.observe: Callable[..., None] | None = getattr(memory, "observe_usage", None)
+
+
+def _check_made(memory: object, memory_id: Hashable) -> None:
+    """Raise ``TypeError`` for what a provider returned that can't be the conversation's
+    memory: not a memory at all, or one that stores under the default id although it was
+    made for another (made without ``id=memory_id``)."""
+    if not (callable(getattr(memory, "messages", None)) and callable(getattr(memory, "add", None))):
+        raise TypeError(
+            f"chat_memory_provider returned {type(memory).__name__} for the memory id "
+            f"{memory_id!r}; it must return a ChatMemory, such as MessageWindowChatMemory(20, "
+            "id=memory_id)"
+        )
+    made_for = getattr(memory, "id", memory_id)
+    if (
+        made_for == DEFAULT_MEMORY_ID
+        and memory_id != DEFAULT_MEMORY_ID
+        and getattr(memory, "store", None) is not None
+    ):
+        # Made without its id: every conversation would be stored under the default one.
+        # (A memory without a store may be shared on purpose; one store key can't be.)
+        raise TypeError(
+            f"chat_memory_provider returned a memory with the default id {made_for!r} for the "
+            f"memory id {memory_id!r}: every user would share one stored conversation. Make "
+            "it with the id it is given, such as MessageWindowChatMemory(20, id=memory_id, "
+            "store=store)"
+        )
 
 
 class _Making:
@@ -195,6 +221,7 @@ class Conversations:
                     "it must return a ChatMemory, such as MessageWindowChatMemory(20, "
                     "id=memory_id)"
                 )
+            _check_made(memory, memory_id)
             entry = Conversation(memory)
             with self._lock:
                 self._table[key] = entry

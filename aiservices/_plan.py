@@ -215,6 +215,17 @@ def plan_method(
             )
             continue
         annotation = hints.get(param.name, Any)
+        bare = _bare_marker(annotation)
+        if bare is not None:
+            not_the_message.add(index)
+            problems.append(
+                _problem(
+                    pwhere,
+                    f"`{param.name}: {bare}` gives the parameter the marker as its type; a "
+                    f"marker goes inside Annotated: `{param.name}: Annotated[str, {bare}]`",
+                )
+            )
+            continue
         metadata = metadata_of(annotation)
         is_memory = any(is_marker(m, MemoryId) for m in metadata)
         is_user_name = any(is_marker(m, UserName) for m in metadata)
@@ -293,11 +304,36 @@ def plan_method(
     # not even one a system_message_provider would give.
     system_source = default_system if own_system is None else own_system
     user_source = getattr(function, USER_ATTRIBUTE, None)
+    before_templates = len(problems)
     system_template = _template(system_source, "@system_message", where, known, problems)
     user_template = _template(user_source, "@user_message", where, known, problems)
+    # A misspelt placeholder leaves its parameter unused: reported once, as the misspelling.
+    templates_ok = len(problems) == before_templates
 
     user_message_index: int | None = None
-    if user_source is None:
+    if user_source is not None and templates_ok:
+        used = user_template.variables if user_template else frozenset()
+        if system_template is not None:
+            used |= system_template.variables
+        used_indexes = {index for variable, index in variables if variable in used}
+        for variable, index in variables:
+            if index in used_indexes or index in not_the_message:
+                continue
+            used_indexes.add(index)  # reported once, under its first name
+            single = f"{{{variable}}}"
+            hint = (
+                f"the template has `{single}`: a placeholder takes two braces, `{{{single}}}`"
+                if single in user_source or single in (system_source or "")
+                else f"use {{{{{variable}}}}} in @user_message or @system_message, pass it to "
+                "tools as Annotated[..., Context], or remove it"
+            )
+            problems.append(
+                _problem(
+                    f"{qualname}({names[index]})",
+                    f"no template uses this parameter, so its value would be lost: {hint}",
+                )
+            )
+    elif user_source is None:
         used = system_template.variables if system_template else frozenset()
         used_indexes = {index for variable, index in variables if variable in used}
         candidates = [
@@ -349,9 +385,9 @@ def plan_method(
     except UnsupportedOutputType as exc:
         problems.append(_problem(where, f"return type: {exc}"))
         return None
-    own_guardrails: tuple[tuple[Any, ...], tuple[Any, ...]] = getattr(
-        function, GUARDRAILS_ATTRIBUTE, ((), ())
-    )
+    own_guardrails = class_guardrails(interface)
+    method_input, method_output = getattr(function, GUARDRAILS_ATTRIBUTE, ((), ()))
+    own_guardrails = (own_guardrails[0] + method_input, own_guardrails[1] + method_output)
     if len(problems) > before:
         return None
     return MethodPlan(
@@ -397,6 +433,31 @@ def _template(
             )
         )
     return template
+
+
+def _bare_marker(annotation: object) -> str | None:
+    """The name of a marker used as a parameter's type (``user: MemoryId``), if so."""
+    union = get_origin(annotation) in (Union, types.UnionType)
+    for candidate in (annotation, *(get_args(annotation) if union else ())):
+        for marker in (MemoryId, UserName, Context):
+            if is_marker(candidate, marker):
+                return marker.__name__
+        if isinstance(candidate, V) or candidate is V:
+            return "V(...)"
+    return None
+
+
+def class_guardrails(interface: type) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The guardrails ``@guardrails`` put on ``interface`` and the interfaces it extends,
+    those of the most basic first."""
+    inputs: tuple[Any, ...] = ()
+    outputs: tuple[Any, ...] = ()
+    for klass in reversed(interface.__mro__):
+        found = vars(klass).get(GUARDRAILS_ATTRIBUTE)
+        if found is not None:
+            inputs += found[0]
+            outputs += found[1]
+    return inputs, outputs
 
 
 def plan_interface(

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._conversations import settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
+from ._threads import Stopped, in_thread, is_async
 from ._turn import (
     CALL,
     COMMIT,
+    FETCH,
     MODEL,
     READ,
     TOOLS,
@@ -182,7 +184,7 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
-    if op == CALL:
+    if op in (CALL, FETCH):
         function, call_args = argument
         value = function(*call_args)
         if inspect.isawaitable(value):
@@ -369,6 +371,17 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
     if op == CALL:
         function, call_args = argument
         value = function(*call_args)
+        return (await value) if inspect.isawaitable(value) else value
+    if op == FETCH:
+        function, call_args = argument
+        if is_async(function):
+            return await function(*call_args)
+        try:
+            value = await in_thread(function, *call_args)
+        except Stopped as stopped:
+            raise RuntimeError(
+                f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
+            ) from stopped.stop
         return (await value) if inspect.isawaitable(value) else value
     toolbox, requests, memory_id, context, observer = argument
     return await toolbox.aexecute_all(requests, memory_id, context, observer)

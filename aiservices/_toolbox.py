@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from ._threads import Stopped, in_thread
 from .errors import InterfaceError
 from .messages import ToolExecutionRequest
 from .models import ToolSpecification
@@ -430,7 +431,7 @@ class Toolbox:
                 if plan.is_async:
                     value = await tool.fn(*args, **kwargs)
                 else:
-                    value = await _in_thread(tool.fn, *args, **kwargs)
+                    value = await in_thread(tool.fn, *args, **kwargs)
                     if _iscoroutine(value):
                         value = await value
             except Exception as exc:
@@ -553,7 +554,7 @@ def _arguments_error(request: ToolExecutionRequest, exc: ValueError) -> ToolArgu
 
 
 def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedError:
-    if isinstance(exc, _Stopped):
+    if isinstance(exc, Stopped):
         exc = exc.stop
     detail = str(exc)
     kind = type(exc).__name__
@@ -565,48 +566,6 @@ def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedEr
     )
     error.__cause__ = exc
     return error
-
-
-async def _in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """``asyncio.to_thread``, except that a cancelled caller waits for the thread to end.
-
-    A thread cannot be stopped: were the caller told it was cancelled at once, the
-    conversation's lock would be released while the tool still acts, and the next turn's
-    tools would run beside it.
-    """
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    context = contextvars.copy_context()
-    future = loop.run_in_executor(
-        None, functools.partial(context.run, _carry_stop, fn, args, kwargs)
-    )
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        while not future.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((future,))
-        if not future.cancelled():
-            future.exception()  # retrieved: the call is cancelled, its result unused
-        raise
-
-
-class _Stopped(Exception):
-    """A ``StopIteration`` a function raised in a worker thread, carried to the awaiting side."""
-
-    def __init__(self, stop: StopIteration) -> None:
-        super().__init__(str(stop))
-        self.stop = stop
-
-
-def _carry_stop(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # asyncio can't set a StopIteration as a future's outcome: the future would never be
-    # done, and the call would wait for it forever (a failed `next(...)` in a tool, say).
-    try:
-        return fn(*args, **kwargs)
-    except StopIteration as stop:
-        raise _Stopped(stop) from stop
 
 
 def _run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:

@@ -15,7 +15,8 @@ import functools
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -34,6 +35,7 @@ from .errors import (
     Reprompt,
     ToolLimitError,
 )
+from .memory._base import DEFAULT_MEMORY_ID
 from .messages import (
     AiMessage,
     ChatMessage,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CALL",
     "COMMIT",
+    "FETCH",
     "MODEL",
     "READ",
     "TOOLS",
@@ -68,14 +71,15 @@ __all__ = [
     "unstreamed_text",
 ]
 
-DEFAULT_MEMORY_ID: Final = "default"
-
 # The operations a turn yields, each with its argument; the driver sends back the outcome.
 READ: Final = 0  # None -> the memory's messages
 MODEL: Final = 1  # ChatRequest -> ChatResponse
 TOOLS: Final = 2  # (Toolbox, requests, memory id, context) -> list[ToolExecution]
 COMMIT: Final = 3  # (messages to record, last request, last response) -> None
 CALL: Final = 4  # (function, args) -> what it returns, awaited in async calls
+# As CALL, for a function that may wait on I/O (a retriever, a seed): in async calls, a plain
+# one runs in a worker thread.
+FETCH: Final = 5
 
 Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
 
@@ -340,13 +344,13 @@ def turn(state: ServiceState, call: Call) -> Turn:
             user_text = _checked_text(replaced, guardrail)
     sources: tuple[str, ...] = ()
     if state.retriever is not None:
-        found = yield CALL, (state.retriever, (user_text, call.memory_id))
+        found = yield FETCH, (state.retriever, (user_text, call.memory_id))
         sources = _checked_sources(found, state.retriever)
     history: list[ChatMessage] = (yield READ, None) if keep else []
     recorded: list[ChatMessage] = []
     if keep and not history and state.seed_memory is not None:
         # A new conversation starts with the seed, committed with this turn's messages.
-        seed = yield CALL, (state.seed_memory, (call.memory_id,))
+        seed = yield FETCH, (state.seed_memory, (call.memory_id,))
         history = _seeded(seed, state.seed_memory, kept_id, opened_at)
         recorded = history.copy()  # recorded first; the window the model sees starts with it
 
@@ -390,8 +394,10 @@ def turn(state: ServiceState, call: Call) -> Turn:
     recorded.append(user)
     # The model sees what was retrieved with the user message; the memory keeps what the
     # user said.
-    messages = [*window, _augmented(user, sources) if sources else user]
-    # (the turn so far; a list is never changed once sent)
+    # The turn as the model sees it: a list is never changed once sent. What the model is
+    # told between rounds (a rejected answer and its reprompt, a parse error) stays in it,
+    # so that a later round still knows every correction it was given.
+    sent = [*window, _augmented(user, sources) if sources else user]
 
     toolbox = (
         state.toolbox_for(call.memory_id, user, call.context)
@@ -406,7 +412,6 @@ def turn(state: ServiceState, call: Call) -> Turn:
     tool_rounds = 0
     retries = 0
     reprompts = 0
-    sent = messages
     transform = state.request_transformer
     while True:
         if transform is None:
@@ -478,7 +483,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                         },
                     )
                 )
-            messages = sent = messages + round_messages
+            sent = sent + round_messages
             recorded += round_messages
             if parameters.tool_choice not in (None, "auto", "none"):
                 # A choice that forces a tool holds for the first answer; asked again after
@@ -503,12 +508,13 @@ def turn(state: ServiceState, call: Call) -> Turn:
             except Reprompt as reprompt:
                 if reprompts >= state.max_output_retries:
                     raise GuardrailError(
-                        f"{plan.qualname}: the answer was still refused after {reprompts} "
-                        f"reprompt(s): {reprompt.reason}"
+                        reprompt.reason,
+                        message=f"{plan.qualname}: the answer was still refused after "
+                        f"{reprompts} reprompt(s): {reprompt.reason}",
                     ) from reprompt
                 reprompts += 1
                 # Asked again with the reason; neither the answer nor the reason is recorded.
-                sent = [*messages, answer, UserMessage(reprompt.reason)]
+                sent = [*sent, answer, UserMessage(reprompt.reason)]
                 continue
             answer = checked
         if output.returns_ai_message:
@@ -525,18 +531,19 @@ def turn(state: ServiceState, call: Call) -> Turn:
                         f"{plan.qualname}: the answer could not be parsed as "
                         f"{output.type_name}: {_NOT_ASKED_AGAIN[cut]}",
                         raw_text=answer.text,
-                        attempts=retries + 1,
+                        attempts=retries + reprompts + 1,
                     ) from error
                 if retries >= state.max_output_retries:
                     raise OutputParseError(
                         f"{plan.qualname}: the answer could not be parsed as "
-                        f"{output.type_name} after {retries + 1} attempt(s): {error}",
+                        f"{output.type_name} after {retries + reprompts + 1} attempt(s): "
+                        f"{error}",
                         raw_text=answer.text,
-                        attempts=retries + 1,
+                        attempts=retries + reprompts + 1,
                     ) from error
                 retries += 1
                 # Asked again with the error; neither the answer nor the error is recorded.
-                sent = [*messages, answer, _feedback(error, response_format)]
+                sent = [*sent, answer, _feedback(error, response_format)]
                 continue
             ai = _stamped(answer, turn_id)
         recorded.append(ai)
@@ -608,14 +615,22 @@ def _checked_answer(value: object, guardrail: object) -> AiMessage:
             f"output guardrail {_name(guardrail)} returned {type(value).__name__}; it returns "
             "None to let the answer pass, or an AiMessage or a str to replace it"
         )
+    if value.tool_execution_requests:
+        # Recorded, it would be a tool call without results, which providers refuse on
+        # every later request of the conversation.
+        raise TypeError(
+            f"output guardrail {_name(guardrail)} returned an AiMessage that asks for tools; "
+            "a guardrail replaces an answer with an answer (an AiMessage with text, or a str)"
+        )
     return value
 
 
 def _checked_sources(found: object, retriever: object) -> tuple[str, ...]:
-    if isinstance(found, str) or not isinstance(found, Iterable):
+    if isinstance(found, (str, Mapping, AbstractSet)) or not isinstance(found, Iterable):
+        # A mapping would give its keys and a set no order: neither is the texts, in order.
         raise TypeError(
             f"retriever {_name(retriever)} returned {type(found).__name__}; it returns a "
-            "sequence of texts (list[str])"
+            "sequence of texts, most relevant first (list[str])"
         )
     sources = tuple(found)
     for text in sources:

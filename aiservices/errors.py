@@ -81,11 +81,12 @@ class ToolLimitError(AiServiceError):
 class GuardrailError(AiServiceError):
     """A guardrail refused the call's input or its answer; nothing of the turn was recorded.
 
-    ``reason`` is the guardrail's own words.
+    ``reason`` is the guardrail's own words; ``str(error)`` is ``message`` when given (it
+    says where the refusal happened), else the reason.
     """
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, reason: str, *, message: str | None = None) -> None:
+        super().__init__(reason if message is None else message)
         self.reason = reason
 
 

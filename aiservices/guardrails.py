@@ -9,13 +9,13 @@ to have the model asked again with the reason; neither the rejected answer nor t
 recorded, and after ``max_output_retries`` reprompts the call raises ``GuardrailError``.
 
 Guardrails go on the service (``ai_service(input_guardrails=[...],
-output_guardrails=[...])``) or on one method (``@guardrails(input=[...], output=[...])``);
-a method's run after the service's. They may be ``async def``, for async methods only.
+output_guardrails=[...])``), on the interface class or on one method (``@guardrails(input=[...],
+output=[...])``); they run in that order. They may be ``async def``, for async methods only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, TypeAlias, TypeVar
 
 from .messages import AiMessage
@@ -40,16 +40,43 @@ def guardrails(
     input: Sequence[InputGuardrail] = (),  # noqa: A002 - the name design.md gives
     output: Sequence[OutputGuardrail] = (),
 ) -> Callable[[_F], _F]:
-    """Give one interface method guardrails of its own, run after the service's."""
-    checked_input = tuple(input)
-    checked_output = tuple(output)
-    for kind, given in (("input", checked_input), ("output", checked_output)):
-        for guardrail in given:
-            if not callable(guardrail):
-                raise TypeError(f"@guardrails({kind}=[...]) takes callables, not {guardrail!r}")
+    """Give one interface method guardrails of its own, run after the service's.
 
-    def mark(method: _F) -> _F:
-        setattr(method, GUARDRAILS_ATTRIBUTE, (checked_input, checked_output))
-        return method
+    On the interface class, they apply to every method, after the service's and before each
+    method's own. Stacked, they run in the order written, the top one's first.
+    """
+    checked_input = _listed("input", input)
+    checked_output = _listed("output", output)
+
+    def mark(target: _F) -> _F:
+        if not callable(target):
+            raise TypeError(
+                f"@guardrails(...) goes on an interface method or on the interface class, "
+                f"not on {target!r:.60}"
+            )
+        # Below this decorator, applied first: its guardrails run after these. A class's
+        # own only: those of the interfaces it extends are gathered when it is planned.
+        below_input, below_output = getattr(target, "__dict__", {}).get(
+            GUARDRAILS_ATTRIBUTE, ((), ())
+        )
+        setattr(
+            target,
+            GUARDRAILS_ATTRIBUTE,
+            (checked_input + below_input, checked_output + below_output),
+        )
+        return target
 
     return mark
+
+
+def _listed(kind: str, given: object) -> tuple[Any, ...]:
+    if callable(given) or isinstance(given, str) or not isinstance(given, Iterable):
+        raise TypeError(
+            f"@guardrails({kind}=...) takes a list of guardrails, not {given!r:.60}; "
+            f"write @guardrails({kind}=[check])"
+        )
+    listed = tuple(given)
+    for guardrail in listed:
+        if not callable(guardrail):
+            raise TypeError(f"@guardrails({kind}=[...]) takes callables, not {guardrail!r:.60}")
+    return listed

@@ -113,6 +113,35 @@ def test_a_provider_that_fails_lets_the_next_call_try_again() -> None:
     assert calls == 2
 
 
+def test_a_provider_that_returns_no_memory_is_a_type_error_before_the_model() -> None:
+    model = ScriptedChatModel(default="never")
+    bot = ai_service(Bot, model=model, chat_memory_provider=lambda memory_id: [])  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match=r"returned list for the memory id 'alice'"):
+        bot.chat("alice", "hi")
+    assert model.requests == []
+
+
+def test_a_stored_memory_made_without_its_id_is_refused_before_users_share_it() -> None:
+    store = InMemoryChatMemoryStore()
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=lambda memory_id: MessageWindowChatMemory(20, store=store),
+    )
+    with pytest.raises(TypeError, match=r"default id 'default' for the memory id 'alice'"):
+        bot.chat("alice", "My card ends in 4242")
+    assert model.requests == []
+    assert list(store.memory_ids()) == []
+    # Made for the default id (a method without MemoryId), it is the right memory.
+    shared = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=lambda memory_id: MessageWindowChatMemory(20, store=store),
+    )
+    assert shared.chat("default", "hi") == "ok"
+
+
 def test_a_provider_that_returns_none_is_a_type_error_naming_the_id_before_the_model() -> None:
     model = ScriptedChatModel(default="never")
     bot = ai_service(Bot, model=model, chat_memory_provider=lambda memory_id: None)  # type: ignore[arg-type,return-value]

@@ -273,3 +273,155 @@ def test_guardrails_rejects_what_is_not_callable() -> None:
 
     with pytest.raises(InterfaceError, match=r"output_guardrails\[0\]"):
         ai_service(Plain, model=ScriptedChatModel("x"), output_guardrails=[42])  # type: ignore[list-item]
+
+
+# -- where guardrails are declared ------------------------------------------------------
+
+
+def _tag(label: str) -> Any:
+    def check(message: AiMessage) -> str:
+        return f"{message.text}+{label}"
+
+    check.__qualname__ = label
+    return check
+
+
+def test_stacked_decorators_add_up_and_run_in_the_order_written() -> None:
+    class Tagged(Protocol):
+        @guardrails(output=[_tag("top")])
+        @guardrails(input=[redact], output=[_tag("bottom")])
+        def chat(self, text: str) -> str: ...
+
+    model = ScriptedChatModel("answer")
+    bot = ai_service(Tagged, model=model, output_guardrails=[_tag("service")])
+    assert bot.chat("card 4111-1111") == "answer+service+top+bottom"
+    assert model.sent_texts() == [("user", "card [card]")]
+
+
+def test_guardrails_on_the_interface_apply_to_every_method_between_the_service_and_the_method() -> (
+    None
+):
+    @guardrails(input=[no_secrets], output=[_tag("base")])
+    class Base(Protocol):
+        def ask(self, text: str) -> str: ...
+
+    @guardrails(output=[_tag("interface")])
+    class Tagged(Base, Protocol):
+        @guardrails(output=[_tag("method")])
+        def chat(self, text: str) -> str: ...
+
+    model = ScriptedChatModel(default="answer")
+    bot = ai_service(Tagged, model=model, output_guardrails=[_tag("service")])
+    assert bot.chat("hi") == "answer+service+base+interface+method"
+    assert bot.ask("hi") == "answer+service+base+interface"
+    with pytest.raises(GuardrailError):
+        bot.ask("my password is 1234")
+    assert len(model.requests) == 2  # the refused input never reached the model
+
+
+def test_output_guardrails_on_an_interface_with_a_streaming_method_fail_the_build() -> None:
+    @guardrails(output=[shout])
+    class Streams(Protocol):
+        def chat(self, text: str) -> str: ...
+
+        def story(self, text: str) -> Iterator[str]: ...
+
+    with pytest.raises(InterfaceError, match=r"Streams\.story\(\).*output guardrails"):
+        ai_service(Streams, model=ScriptedChatModel())
+
+
+def test_a_lone_guardrail_where_a_list_belongs_is_a_clear_error() -> None:
+    def check(message: AiMessage) -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"@guardrails\(output=\[check\]\)"):
+        guardrails(output=check)  # type: ignore[arg-type]
+
+    with pytest.raises(InterfaceError, match=r"input_guardrails=\[no_secrets\]"):
+        ai_service(
+            Bot,
+            model=ScriptedChatModel(),
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10),
+            input_guardrails=no_secrets,  # type: ignore[arg-type]
+        )
+
+
+# -- what a reprompt and a parse retry leave in the turn ------------------------------------
+
+
+def positive(message: AiMessage) -> None:
+    if (message.text or "").strip().startswith("-"):
+        raise Reprompt("The number must be positive.")
+
+
+class Pick(Protocol):
+    def pick(self, question: str) -> int: ...
+
+
+def test_a_parse_retry_after_a_reprompt_still_shows_the_reprompt() -> None:
+    model = ScriptedChatModel("-42", "forty-two", "42")
+    bot = ai_service(Pick, model=model, output_guardrails=[positive], max_output_retries=2)
+    assert bot.pick("Pick a number") == 42
+    last = [m.text or "" for m in model.requests[2].messages]
+    assert last[:5] == [
+        "Pick a number",
+        "-42",
+        "The number must be positive.",
+        "forty-two",
+        last[4],
+    ]
+    assert "not a valid int" in last[4]
+
+
+def test_a_tool_round_after_a_reprompt_still_shows_the_reprompt() -> None:
+    from aiservices import ToolExecutionRequest, tool
+
+    @tool
+    def double(n: int) -> int:
+        """Double a number."""
+        return 2 * n
+
+    call = AiMessage(tool_execution_requests=[ToolExecutionRequest("c1", "double", '{"n": 21}')])
+    model = ScriptedChatModel("-1", call, "42")
+    bot = ai_service(Pick, model=model, tools=[double], output_guardrails=[positive])
+    assert bot.pick("Pick a number") == 42
+    texts = [m.text for m in model.requests[2].messages]
+    assert texts[:3] == ["Pick a number", "-1", "The number must be positive."]
+    assert texts[-1] == "42"  # the tool's result
+
+
+def test_reprompts_out_gives_the_guardrails_own_reason_and_counts_every_answer() -> None:
+    model = ScriptedChatModel(default="-1")
+    bot = ai_service(Pick, model=model, output_guardrails=[positive], max_output_retries=2)
+    with pytest.raises(GuardrailError) as refused:
+        bot.pick("Pick a number")
+    assert refused.value.reason == "The number must be positive."
+    assert "Pick.pick" in str(refused.value)
+    assert "2 reprompt(s)" in str(refused.value)
+
+    from aiservices.errors import OutputParseError
+
+    model = ScriptedChatModel("-1", "nope", "still nope")
+    bot = ai_service(Pick, model=model, output_guardrails=[positive], max_output_retries=1)
+    with pytest.raises(OutputParseError) as failed:
+        bot.pick("Pick a number")
+    assert len(model.requests) == 3
+    assert failed.value.attempts == 3
+    assert "after 3 attempt(s)" in str(failed.value)
+
+
+def test_an_output_guardrail_may_not_answer_with_a_tool_request(
+    store_under_test: StoreUnderTest,
+) -> None:
+    from aiservices import ToolExecutionRequest
+
+    def to_tool(message: AiMessage) -> AiMessage:
+        return AiMessage(tool_execution_requests=[ToolExecutionRequest("c1", "x", "{}")])
+
+    bot = _bot(ScriptedChatModel("hi", "hello"), store_under_test)
+    bot.chat("u", "first")
+    before = store_under_test.snapshot()
+    bot = _bot(ScriptedChatModel("hi"), store_under_test, output_guardrails=[to_tool])
+    with pytest.raises(TypeError, match="to_tool returned an AiMessage that asks for tools"):
+        bot.chat("u", "Hello")
+    assert store_under_test.snapshot() == before

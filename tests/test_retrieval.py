@@ -165,6 +165,73 @@ def test_a_retriever_must_return_texts() -> None:
         bot.chat("u", "hi")
 
 
+@pytest.mark.parametrize(
+    "found",
+    [{"doc-1": "Refunds take 5 days."}, {"Refunds take 5 days.", "Shipping is free."}],
+    ids=["dict", "set"],
+)
+def test_a_retriever_returning_a_mapping_or_a_set_is_refused(found: object) -> None:
+    # A mapping would send its keys and a set has no order: neither is the texts in order.
+    model = ScriptedChatModel("ok")
+    bot = ai_service(
+        Bot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=lambda query, memory_id: found,  # type: ignore[arg-type,return-value]
+    )
+    with pytest.raises(TypeError, match=f"returned {type(found).__name__}"):
+        bot.chat("u", "hi")
+    assert model.requests == []
+
+
+def test_plain_retrievers_and_seeds_run_off_the_event_loop_in_async_calls() -> None:
+    import threading
+
+    where: dict[str, int] = {}
+
+    def retrieve_here(query: str, memory_id: Hashable) -> list[str]:
+        where["retriever"] = threading.get_ident()
+        return ["found"]
+
+    def seed(memory_id: Hashable) -> list[SystemMessage]:
+        where["seed"] = threading.get_ident()
+        return [SystemMessage("Be brief.")]
+
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel("ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=retrieve_here,
+        seed_memory=seed,
+    )
+
+    async def main() -> None:
+        where["loop"] = threading.get_ident()
+        await bot.chat("alice", "tea")
+
+    asyncio.run(main())
+    assert where["retriever"] != where["loop"]
+    assert where["seed"] != where["loop"]
+
+
+def test_a_stop_iteration_in_a_plain_retriever_fails_an_async_call() -> None:
+    def retrieve_next(query: str, memory_id: Hashable) -> list[str]:
+        return [next(iter([]))]
+
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel("ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=retrieve_next,
+    )
+
+    async def main() -> None:
+        await asyncio.wait_for(bot.chat("alice", "tea"), 10)
+
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        asyncio.run(main())
+
+
 def test_the_request_transformer_changes_every_request_and_never_the_memory(
     store_under_test: StoreUnderTest,
 ) -> None:

@@ -301,3 +301,67 @@ def test_a_cache_size_that_is_not_a_positive_int_fails_the_build(size: object) -
         chat_memory_cache_size=size,
     )
     assert found == [f"chat_memory_cache_size={size!r}: must be an int, 1 or more"]
+
+
+def test_a_marker_used_as_the_type_itself_fails_the_build() -> None:
+    class Bot(Protocol):
+        @user_message("{{message}}")
+        def chat(self, user: MemoryId, message: str) -> str: ...  # type: ignore[valid-type]
+
+    [problem] = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5))
+    assert problem.startswith("Bot.chat(user):")
+    assert "`user: Annotated[str, MemoryId]`" in problem
+
+
+def test_a_parameter_no_template_uses_fails_the_build() -> None:
+    class Bot(Protocol):
+        @user_message("Summarise this.")
+        def summarise(self, text: str) -> str: ...
+
+        @user_message("Translate {text} into {{language}}")
+        def translate(self, text: str, language: str) -> str: ...
+
+        @system_message("Answer in {{language}}.")
+        @user_message("{{text}}")
+        def both(self, text: str, language: str) -> str: ...
+
+    found = problems(Bot)
+    assert len(found) == 2
+    assert found[0].startswith("Bot.summarise(text): no template uses this parameter")
+    assert "use {{text}} in @user_message" in found[0]
+    assert found[1].startswith("Bot.translate(text):")
+    assert "the template has `{text}`: a placeholder takes two braces, `{{text}}`" in found[1]
+
+
+def test_a_class_given_for_an_instance_fails_the_build() -> None:
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+    with pytest.raises(InterfaceError, match=r"model=ScriptedChatModel is a class"):
+        build(Bot, model=ScriptedChatModel)
+    [problem] = problems(Bot, chat_memory_provider=MessageWindowChatMemory)
+    assert "MessageWindowChatMemory.provider(...)" in problem
+    [problem] = problems(
+        Bot,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        chat_memory=MessageWindowChatMemory,
+    )
+    assert "chat_memory=MessageWindowChatMemory is a class" in problem
+
+
+def test_a_lone_tool_or_listener_where_a_list_belongs_fails_the_build() -> None:
+    from aiservices import tool
+
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+    @tool
+    def order_status(order: str) -> str:
+        """Where an order is."""
+        return "shipped"
+
+    [problem] = problems(Bot, tools=order_status)
+    assert problem.startswith("tools= takes a list")
+    assert "tools=[order_status]" in problem
+    [problem] = problems(Bot, tools="order_status")
+    assert problem.startswith("tools= takes a list")

@@ -7,7 +7,10 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from ..messages import ChatMessage
 
-__all__ = ["ChatMemory", "ChatMemoryProvider"]
+__all__ = ["DEFAULT_MEMORY_ID", "ChatMemory", "ChatMemoryProvider"]
+
+DEFAULT_MEMORY_ID = "default"
+"""The id of a memory made without one, and of a call whose method has no MemoryId."""
 
 
 @runtime_checkable
