@@ -54,7 +54,30 @@ class Conversation:
         # Async calls use a memory that does no I/O (`is_blocking = False`) directly.
         self.blocking = getattr(memory, "is_blocking", True) is not False
         # A memory that counts tokens may calibrate its estimate with the provider's count.
-        self.observe: Callable[..., None] | None = getattr(memory, "observe_usage", None)
+        self.observe: Callable[..., None] | None = _observer(memory)
+
+
+def _observer(memory: object) -> Callable[..., None] | None:
+    """The memory's ``observe_usage`` as ``(messages, usage, request)``; one written before
+    it took the request is given the first two."""
+    observe = getattr(memory, "observe_usage", None)
+    if observe is None:
+        return None
+    import inspect
+
+    try:
+        parameters = inspect.signature(observe).parameters
+    except (TypeError, ValueError):
+        parameters = {}  # type: ignore[assignment]
+    if "request" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    ):
+        return observe  # type: ignore[no-any-return]
+
+    def without_request(messages: object, usage: object, request: object = None) -> None:
+        observe(messages, usage)
+
+    return without_request
 
 
 def _check_made(memory: object, memory_id: Hashable) -> None:
@@ -301,11 +324,17 @@ def _evicted_while_cached(entry: Conversation) -> int:
 
 
 def erase(memory: ChatMemory) -> None:
-    """Clear ``memory`` and, when its store keeps history, erase that too."""
-    memory.clear()
+    """Clear ``memory`` and, when its store keeps history, erase that too.
+
+    History is erased even when clearing fails: what a user asked to forget must not stay
+    behind because the memory's own step went wrong (the error is raised after).
+    """
     forget = getattr(getattr(memory, "store", None), "forget", None)
-    if forget is not None:
-        forget(memory.id)
+    try:
+        memory.clear()
+    finally:
+        if forget is not None:
+            forget(memory.id)
 
 
 async def settled(write: Coroutine[Any, Any, Any]) -> Any:

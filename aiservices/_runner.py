@@ -414,7 +414,7 @@ def _observe(conversation: Conversation, request: ChatRequest, response: ChatRes
     # A memory that counts tokens may calibrate its estimate with what the provider counted
     # for the last request of the turn.
     if response.token_usage is not None and conversation.observe is not None:
-        conversation.observe(request.messages, response.token_usage)
+        conversation.observe(request.messages, response.token_usage, request=request)
 
 
 def _final(model: ChatModel, response: ChatResponse | None, method: str) -> ChatResponse:

@@ -402,3 +402,28 @@ def test_calls_cancelled_at_random_moments_on_sqlite_report_what_the_store_holds
             for t in range(10):
                 text = f"c{c} t{t}"
                 assert answered[text] == (text in stored), text
+
+
+def test_forgetting_an_id_whose_limit_now_fails_erases_its_window_and_history(
+    tmp_path: Path,
+) -> None:
+    # The account is deleted first, then its conversation forgotten: the per-user limit
+    # can't be read any more, and must not keep the history alive.
+    plans = {"alice": 10}
+    store = SqliteChatMemoryStore(tmp_path / "c.db", keep_history=True)
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(
+            lambda user: plans[user], store=store
+        ),
+    )
+    bot.chat("alice", "my card number is 1234")
+    assert [e.message.text for e in store.get_history("alice")] == [
+        "my card number is 1234",
+        "ok",
+    ]
+    del plans["alice"]
+    bot.forget("alice")
+    assert store.get_messages("alice") == []
+    assert list(store.get_history("alice")) == []

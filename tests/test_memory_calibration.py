@@ -257,3 +257,49 @@ def test_from_the_second_add_on_the_window_fits_the_models_count(
             kept = memory.messages()
             if len(kept) > 1:  # a single message larger than the window is kept alone
                 assert ratio * words(kept) <= limit + 1e-9
+
+
+def test_tool_definitions_are_left_out_of_the_window_not_divided_into_it() -> None:
+    # 300 words of tool definitions in every request, and an estimator the model agrees
+    # with. Taken as a ratio, the first turn ("hi" and 300 tokens of tools) would have made
+    # every estimated token worth 150 and emptied the window; left out, the window keeps
+    # every turn that fits beside them.
+    from pydantic_core import to_json
+
+    from aiservices import tool
+
+    def lookup(order: str) -> str:
+        return "shipped"
+
+    lookup.__doc__ = "Look an order up. " + "detail " * 300
+    lookup_tool = tool(lookup)
+
+    def reply(request: ChatRequest) -> ChatResponse:
+        tools = len(to_json(list(request.tools), fallback=str).decode().split())
+        return ChatResponse(AiMessage("an answer"), TokenUsage(words(request.messages) + tools, 3))
+
+    memory = TokenWindowChatMemory(1000, Words(), calibrate=True)
+    model = ScriptedChatModel(default=reply)
+    bot = ai_service(Chat, model=model, chat_memory=memory, tools=[lookup_tool])
+    bot.chat("hi")
+    assert memory.calibration == pytest.approx(1.0)
+    for i in range(5):
+        bot.chat(f"question {i} about the order")
+    assert [m.text for m in model.requests[-1].messages][:2] == ["hi", "an answer"]
+    assert len(model.requests[-1].messages) == 11
+
+
+def test_a_message_sent_with_retrieved_texts_is_counted_as_sent() -> None:
+    # The model is sent the user message with what the retriever found, under the recorded
+    # message's id; an estimate of the recorded one would make an exact estimator look off.
+    memory = TokenWindowChatMemory(1000, Words(), calibrate=True)
+    model = ScriptedChatModel(default=provider_counting(1.0))
+    bot = ai_service(
+        Chat,
+        model=model,
+        chat_memory=memory,
+        retriever=lambda query, memory_id: ["one two three four five six seven eight"] * 3,
+    )
+    for i in range(4):
+        bot.chat(f"question {i}")
+        assert memory.calibration == pytest.approx(1.0)

@@ -61,6 +61,7 @@ class WindowChatMemory:
         count: Callable[[ChatMessage], int] | None = None,
         calibrate: bool = False,
         policy: OverflowPolicy = EVICT,
+        count_text: Callable[[str], int] | None = None,
     ) -> None:
         try:
             hash(id)
@@ -98,6 +99,11 @@ class WindowChatMemory:
         self._calibrate = bool(calibrate)
         self._base_limit = self._fixed_limit
         self._factor = 1.0  # provider tokens per estimated token
+        # Estimated tokens of what the last observed request carried beside its messages
+        # (tool definitions, a response schema): the window's limit leaves room for them.
+        self._overhead = 0
+        self._count_text = count_text
+        self._overhead_of: tuple[object, object, int] | None = None  # (tools, format, cost)
         # Costs of the messages the last add evicted, kept for calibration: the request it
         # observes held them, and the window no longer does.
         self._gone: dict[object, int] = {}
@@ -215,7 +221,29 @@ class WindowChatMemory:
 
     # Calibration.
 
-    def _observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+    def _request_overhead(self, request: object) -> int:
+        """Estimated tokens of ``request``'s tool definitions and response schema; counted
+        once for the same objects (a service sends the same ones on every turn)."""
+        count_text = self._count_text
+        if request is None or count_text is None:
+            return 0
+        tools = getattr(request, "tools", ())
+        response_format = getattr(request, "response_format", None)
+        cached = self._overhead_of
+        if cached is not None and cached[0] is tools and cached[1] is response_format:
+            return cached[2]
+        from pydantic_core import to_json
+
+        parts: list[object] = list(tools)
+        if response_format is not None:
+            parts.append(response_format)
+        cost = count_text(to_json(parts, fallback=str).decode()) if parts else 0
+        self._overhead_of = (tools, response_format, cost)
+        return cost
+
+    def _observe_usage(
+        self, messages: Sequence[ChatMessage], usage: ReportedUsage, request: object = None
+    ) -> None:
         """Compare the provider's input count for ``messages`` with the memory's estimate.
 
         The ratio divides the limit from now on; the next add trims the window to it. Best
@@ -235,21 +263,34 @@ class WindowChatMemory:
             if window is None:
                 return
             known, gone = self._costs, self._gone
+            # A message sent in another form than the one held under its id (the user
+            # message with what a retriever found) is counted as it was sent.
+            held = {message_key(h): h for h in window.snapshot()}
             estimate = 0
             for m in messages:
                 key = message_key(m)
                 cost = known.get(key)
+                if cost is not None:
+                    same = held.get(key)
+                    if same is not m and same != m:
+                        count = self._count
+                        cost = 1 if count is None else count(m)
                 if cost is None:
                     cost = gone.get(key)
                     if cost is None:
                         # A message the memory never held (a parse retry's feedback).
                         cost = window.cost(m)
                 estimate += cost
-            if estimate <= 0:
+            overhead = self._request_overhead(request)
+            if estimate + overhead <= 0:
                 return
-            self._factor = reported / estimate
+            # The provider's count covers the messages and what the request carries beside
+            # them; taken as one ratio, a fixed overhead would shrink a short window to
+            # nothing (300 tokens of tools over a 3-token "hi" is a ratio of 100).
+            self._factor = reported / (estimate + overhead)
+            self._overhead = overhead
             if self._limit_fn is None:
-                self._fixed_limit = max(1, int(self._base_limit / self._factor))
+                self._fixed_limit = self._corrected(self._base_limit)
             # The window as it is counts as trimmed to the new limit, so that a read shows
             # what the store holds; the next add evicts what no longer fits, in its write.
             window.limit = self._read_limit()
@@ -356,8 +397,9 @@ class WindowChatMemory:
 
     def _clearing(self) -> _Steps:
         yield DELETE, None
-        window = self._window = self._new_window()
-        window.limit = self._read_limit()
+        # The next read or add starts from the emptied store. Clearing reads no limit: one
+        # that fails for an id being erased (a deleted account) must not fail the erasure.
+        self._window = None
         self._pending = []
         self._since = None
         return None
@@ -404,8 +446,14 @@ class WindowChatMemory:
         value = limit_fn(self._id)
         if type(value) is not int or value < 1:
             value = check_limit(value, self._limit_name, source=f"{self._limit_name}({self._id!r})")
-        factor = self._factor
-        return value if factor == 1.0 else max(1, int(value / factor))
+        return self._corrected(value)
+
+    def _corrected(self, limit: int) -> int:
+        """``limit`` in provider tokens as the window's limit in estimated tokens."""
+        factor, overhead = self._factor, self._overhead
+        if factor == 1.0 and not overhead:
+            return limit
+        return max(1, int(limit / factor) - overhead)
 
     # The drivers: they perform the steps' I/O and hold the lock; no rule lives here.
 

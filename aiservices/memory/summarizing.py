@@ -264,6 +264,11 @@ class SummarizingChatMemory(WindowChatMemory):
             count=None if self._estimate is None else self._counted,
             calibrate=calibrate,
             policy=self._summarize,
+            count_text=(
+                None
+                if token_count_estimator is None
+                else token_count_estimator.estimate_token_count_in_text
+            ),
         )
 
     @property
@@ -291,13 +296,16 @@ class SummarizingChatMemory(WindowChatMemory):
         """Provider tokens per estimated token that the budget is divided by now."""
         return self._factor
 
-    def observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+    def observe_usage(
+        self, messages: Sequence[ChatMessage], usage: ReportedUsage, request: object = None
+    ) -> None:
         """With ``calibrate=True``, learn from the provider's input count for ``messages``.
 
         As ``TokenWindowChatMemory.observe_usage``: the ratio of ``usage.input_tokens`` to
-        the estimate of ``messages`` divides ``max_tokens``; the next add folds to it.
+        the estimate of the request divides ``max_tokens``, less what the request carries
+        beside its messages; the next add folds to it.
         """
-        self._observe_usage(messages, usage)
+        self._observe_usage(messages, usage, request)
 
     def _counted(self, message: ChatMessage) -> int:
         estimate = self._estimate

@@ -48,6 +48,7 @@ class TokenWindowChatMemory(WindowChatMemory):
             evict_whole_turns=evict_whole_turns,
             count=self._counted,
             calibrate=calibrate,
+            count_text=token_count_estimator.estimate_token_count_in_text,
         )
 
     @property
@@ -63,17 +64,19 @@ class TokenWindowChatMemory(WindowChatMemory):
         """
         return self._factor
 
-    def observe_usage(self, messages: Sequence[ChatMessage], usage: ReportedUsage) -> None:
+    def observe_usage(
+        self, messages: Sequence[ChatMessage], usage: ReportedUsage, request: object = None
+    ) -> None:
         """Learn from the provider's ``usage.input_tokens`` for a request of ``messages``.
 
-        A service calls this after each turn with the turn's last request. With
-        ``calibrate=True`` the ratio of the reported count to the estimate of ``messages``
-        divides ``max_tokens`` from now on; the window is trimmed to it at the next add, in
-        that add's one write, never at a read. Otherwise it does nothing. The ratio also
-        takes in what the request carries beside its messages (tool definitions, a response
-        schema), so the correction errs on the side of a smaller window.
+        A service calls this after each turn with the turn's last request (``request``, a
+        ``ChatRequest``). With ``calibrate=True`` the ratio of the reported count to the
+        estimate of the request divides ``max_tokens`` from now on, and what the request
+        carries beside its messages (tool definitions, a response schema, estimated as
+        text) is left out of the window's share; the window is trimmed to it at the next
+        add, in that add's one write, never at a read. Otherwise it does nothing.
         """
-        self._observe_usage(messages, usage)
+        self._observe_usage(messages, usage, request)
 
     def _counted(self, message: ChatMessage) -> int:
         count = self._estimate(message)
