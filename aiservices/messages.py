@@ -107,10 +107,14 @@ class _Message(_Frozen):
         """A copy with the given recording metadata; ``None`` keeps the current value."""
         values = dict(self.__dict__)
         if message_id is not None:
-            values["message_id"] = message_id
+            values["message_id"] = _checked_id("message_id", message_id)
         if turn_id is not None:
-            values["turn_id"] = turn_id
+            values["turn_id"] = _checked_id("turn_id", turn_id)
         if created_at is not None:
+            if not isinstance(created_at, datetime):
+                raise TypeError(
+                    f"created_at must be a datetime, not {type(created_at).__name__}"
+                )
             values["created_at"] = created_at
         return unchecked_message(type(self), values)
 
@@ -412,6 +416,9 @@ def messages_from_json(text: str | bytes) -> list[ChatMessage]:
         envelope: Any = _envelope().model_validate_json(text)
     except ValidationError as exc:
         _check_version(text)
+        found = _list_with_lone_surrogates(text)
+        if found is not None:
+            return found
         raise ValueError(f"invalid chat messages JSON: {_describe(exc)}") from None
     if envelope.format != FORMAT_VERSION:
         _check_version(text)
@@ -524,6 +531,41 @@ def _escaping_surrogates(message: _Message) -> str:
     # so the text differs from its form only where a lone surrogate is.
     text = json.dumps(values, ensure_ascii=False, separators=(",", ":"))
     return _SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+def _checked_id(name: str, value: object) -> str:
+    # Refused here as the constructor refuses it: a number written as an id could not be
+    # read back, and would make the stored conversation unreadable.
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return str(value)
+
+
+def _list_with_lone_surrogates(text: str | bytes) -> list[ChatMessage] | None:
+    """The messages of a list whose texts escape lone surrogates; ``None`` if it is not one."""
+    import json
+
+    if isinstance(text, bytes | bytearray):
+        try:
+            text = text.decode()
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(text, str) or _SURROGATE_ESCAPE.search(text) is None:
+        return None
+    try:
+        values = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(values, dict) or values.get("format") != FORMAT_VERSION:
+        return None
+    listed = values.get("messages")
+    if not isinstance(listed, list):
+        return None
+    try:
+        # Each as the one-message reader takes it, lone surrogates escaped again.
+        return [message_from_json(json.dumps(m)) for m in listed]
+    except ValueError:
+        return None
 
 
 def _with_lone_surrogates(text: str | bytes) -> ChatMessage | None:

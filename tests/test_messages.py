@@ -243,3 +243,22 @@ def test_recorded_messages_dump_copy_and_pickle_as_any_message() -> None:
         assert again.message_id == message.message_id
     with pytest.raises(TypeError, match="shared by recorded messages"):
         user.model_fields_set.add("x")
+
+
+def test_a_list_with_a_lone_surrogate_reads_back_exactly() -> None:
+
+    text = b"bad byte: \xff".decode("utf-8", "surrogateescape")
+    messages = [UserMessage(text), AiMessage("fine")]
+    [user, ai] = messages_from_json(messages_to_json(messages))
+    assert user.text == text
+    assert ai.text == "fine"
+
+
+def test_with_metadata_refuses_what_the_constructor_refuses() -> None:
+    message = UserMessage("hi")
+    with pytest.raises(TypeError, match="message_id must be a str, not int"):
+        message.with_metadata(message_id=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="turn_id must be a str"):
+        message.with_metadata(turn_id=b"t")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="created_at must be a datetime, not str"):
+        message.with_metadata(created_at="2024-01-01T00:00:00Z")  # type: ignore[arg-type]
