@@ -221,12 +221,16 @@ class McpToolset:
                 raise  # the server's answer to this call: the connection is fine
             await self._drop(connection)
             raise
+        except (RuntimeError, ValueError, TypeError):
+            # The client refused this call's result (structured content that doesn't meet
+            # the tool's output schema, say): the connection and the calls beside it are fine.
+            raise
         except Exception:
             # The connection failed (the server died, the stream closed): the next call
             # connects again; calls on a newer connection are left alone.
             await self._drop(connection)
             raise
-        texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
+        texts = [_described(block) for block in result.content]
         if result.is_error:
             raise McpToolError("\n".join(texts) or f"the MCP tool {name!r} failed")
         if texts:
@@ -337,3 +341,25 @@ class _Connection:
             if self.client is None:
                 holder.cancel()  # still connecting (a server that never answers)
             await asyncio.gather(holder, return_exceptions=True)
+
+
+def _described(block: Any) -> str:
+    """A result's content block as text for the model: what it holds when that is text,
+    else what it is (a tool result reaches the model as text only)."""
+    kind = getattr(block, "type", "")
+    if kind == "text":
+        return str(block.text)
+    if kind in ("image", "audio"):
+        return f"[{kind}: {getattr(block, 'mime_type', None) or 'unknown type'}]"
+    if kind == "resource":
+        resource = block.resource
+        text = getattr(resource, "text", None)
+        if isinstance(text, str):
+            return text
+        mime = getattr(resource, "mime_type", None) or "binary"
+        return f"[resource {resource.uri}: {mime}]"
+    if kind == "resource_link":
+        about = getattr(block, "description", None)
+        name = getattr(block, "title", None) or block.name
+        return f"[resource link: {name} {block.uri}]" + (f" {about}" if about else "")
+    return f"[{kind or type(block).__name__} content]"

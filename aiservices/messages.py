@@ -112,9 +112,7 @@ class _Message(_Frozen):
             values["turn_id"] = _checked_id("turn_id", turn_id)
         if created_at is not None:
             if not isinstance(created_at, datetime):
-                raise TypeError(
-                    f"created_at must be a datetime, not {type(created_at).__name__}"
-                )
+                raise TypeError(f"created_at must be a datetime, not {type(created_at).__name__}")
             values["created_at"] = created_at
         return unchecked_message(type(self), values)
 

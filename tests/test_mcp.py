@@ -65,7 +65,7 @@ def test_a_stdio_servers_tools_are_offered_and_called_from_a_sync_method(
     bot = ai_service(Bot, model=model, tools=[stdio_toolset])
     assert bot.ask("weather?") == "done"
     offered = {spec.name: spec.parameters for spec in model.requests[0].tools}
-    assert set(offered) == {"forecast", "broken", "crash", "whoami", "refuse", "slow"}
+    assert set(offered) == {"forecast", "broken", "crash", "whoami", "refuse", "slow", "radar"}
     assert offered["forecast"]["required"] == ["city"]
     forecast, broken = _results(model, 2)
     assert forecast == "Oslo: sunny for 2 day(s)"
@@ -229,3 +229,28 @@ def test_a_server_that_exits_at_start_says_so_plainly() -> None:
             ai_service(Bot, model=ScriptedChatModel("ok"), tools=[toolset])
     finally:
         toolset.close()
+
+
+def test_content_that_is_not_text_reaches_the_model_described(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(_calls(("radar", "{}")), "done")
+    ai_service(Bot, model=model, tools=[stdio_toolset]).ask("rain?")
+    assert _results(model, 1) == [
+        "The radar:\n[image: image/png]\n[resource link: rain.png file:///maps/rain.png]"
+    ]
+
+
+def test_a_result_the_client_refuses_fails_that_call_and_keeps_the_connection() -> None:
+    server = Path(__file__).parent / "mcp_servers" / "schema_breaker.py"
+    with McpToolset.stdio(sys.executable, [str(server)]) as toolset:
+        model = ScriptedChatModel(
+            _calls(("whoami", "{}")), _calls(("count", "{}")), _calls(("whoami", "{}")), "done"
+        )
+        ai_service(Bot, model=model, tools=[toolset]).ask("count")
+        [before] = _results(model, 1, request=1)
+        [refused] = _results(model, 1, request=2)
+        [after] = _results(model, 1, request=3)
+    assert refused is not None
+    assert refused.startswith("Tool 'count' raised RuntimeError")
+    assert after == before  # the same server process: its state is kept

@@ -12,6 +12,7 @@ import sys
 
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
+from mcp_types import ImageContent, ResourceLink, TextContent
 
 server = MCPServer("weather")
 
@@ -51,6 +52,16 @@ async def slow() -> str:
 def whoami() -> str:
     """The process id of the server, to tell a reconnection."""
     return str(os.getpid())
+
+
+@server.tool()
+def radar() -> list[TextContent | ImageContent | ResourceLink]:
+    """Content that is not all text: a heading, an image and a link."""
+    return [
+        TextContent(type="text", text="The radar:"),
+        ImageContent(type="image", data="iVBORw0KGgo=", mime_type="image/png"),
+        ResourceLink(type="resource_link", uri="file:///maps/rain.png", name="rain.png"),
+    ]
 
 
 if __name__ == "__main__":
