@@ -8,6 +8,7 @@ Errors are the SDK's own (``anthropic.AuthenticationError``, ``anthropic.RateLim
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -164,6 +165,22 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         if api_key is None and followed is not None and followed.auth_token:
             # A gateway's bearer token instead of a key.
             options["auth_token"] = Secret(followed.auth_token)
+        elif (
+            api_key is None
+            and (client is None or async_client is None)
+            and (followed is None or not followed.api_key)
+            and base_url is None
+            and not any(
+                os.environ.get(name)
+                for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
+            )
+        ):
+            # Said now, as OpenAI's adapter says it: the SDK would say it only at the first
+            # request, in words that name neither the option nor the variable.
+            raise ValueError(
+                "no Anthropic API key: pass api_key=... or set ANTHROPIC_API_KEY (for a "
+                "gateway, pass base_url=... and its key or token)"
+            )
         super().__init__(
             _SDK,
             client,

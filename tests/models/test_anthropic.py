@@ -813,3 +813,14 @@ def test_a_failed_tool_result_is_marked_as_an_error(
     # A result that did not fail carries no mark, in JSON as on the wire.
     ok = ToolExecutionResultMessage("t", "get_weather", "sunny")
     assert "is_error" not in messages_to_json([ok])
+
+
+def test_no_key_anywhere_is_a_clear_error_when_the_model_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"no Anthropic API key: pass api_key=\.\.\. or set"):
+        AnthropicChatModel(MODEL)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    assert AnthropicChatModel(MODEL).model_name == MODEL
