@@ -539,8 +539,9 @@ def _checked_id(name: str, value: object) -> str:
     return str(value)
 
 
-def _list_with_lone_surrogates(text: str | bytes) -> list[ChatMessage] | None:
-    """The messages of a list whose texts escape lone surrogates; ``None`` if it is not one."""
+def _escaped_surrogates(text: str | bytes) -> object:
+    """``text`` parsed as plain JSON when it escapes a lone surrogate (which pydantic's
+    reader refuses); ``None`` otherwise."""
     import json
 
     if isinstance(text, bytes | bytearray):
@@ -551,9 +552,16 @@ def _list_with_lone_surrogates(text: str | bytes) -> list[ChatMessage] | None:
     if not isinstance(text, str) or _SURROGATE_ESCAPE.search(text) is None:
         return None
     try:
-        values = json.loads(text)
+        return json.loads(text)
     except ValueError:
         return None
+
+
+def _list_with_lone_surrogates(text: str | bytes) -> list[ChatMessage] | None:
+    """The messages of a list whose texts escape lone surrogates; ``None`` if it is not one."""
+    import json
+
+    values = _escaped_surrogates(text)
     if not isinstance(values, dict) or values.get("format") != FORMAT_VERSION:
         return None
     listed = values.get("messages")
@@ -570,17 +578,10 @@ def _with_lone_surrogates(text: str | bytes) -> ChatMessage | None:
     """The message of a text that escapes lone surrogates; ``None`` if it is not one."""
     import json
 
-    if isinstance(text, bytes | bytearray):
-        try:
-            text = text.decode()
-        except UnicodeDecodeError:
-            return None
-    if not isinstance(text, str) or _SURROGATE_ESCAPE.search(text) is None:
+    values = _escaped_surrogates(text)
+    if not isinstance(values, dict):
         return None
     try:
-        values = json.loads(text)
-        if not isinstance(values, dict):
-            return None
         at = values.get("created_at")
         if isinstance(at, str):
             # Read as pydantic reads a time from JSON; the rest validates as it would.
