@@ -16,6 +16,7 @@ from ._threads import is_async
 from ._toolbox import Toolbox
 from ._turn import ServiceState
 from .errors import InterfaceError
+from .guardrails import not_a_list
 from .memory import ChatMemory
 from .memory._base import ChatMemoryProvider
 from .messages import ChatMessage, UserMessage
@@ -178,7 +179,7 @@ def _name(function: object) -> str:
 def _listed(option: str, given: Iterable[Any], problems: list[str]) -> tuple[Any, ...]:
     """``given`` as a tuple; a lone callable, object or string where a list belongs is a
     problem, with nothing taken from it."""
-    if callable(given) or isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
+    if not_a_list(given):
         name = getattr(given, "__name__", None) or "..."
         problems.append(f"{option}= takes a list, not {given!r:.60}; write {option}=[{name}]")
         return ()

@@ -69,13 +69,19 @@ def guardrails(
     return mark
 
 
+def not_a_list(given: object) -> bool:
+    """Whether ``given``, passed where a list belongs, is one item instead (a function, an
+    object, a string)."""
+    return callable(given) or isinstance(given, (str, bytes)) or not isinstance(given, Iterable)
+
+
 def _listed(kind: str, given: object) -> tuple[Any, ...]:
-    if callable(given) or isinstance(given, str) or not isinstance(given, Iterable):
+    if not_a_list(given):
         raise TypeError(
             f"@guardrails({kind}=...) takes a list of guardrails, not {given!r:.60}; "
             f"write @guardrails({kind}=[check])"
         )
-    listed = tuple(given)
+    listed: tuple[Any, ...] = tuple(given)  # type: ignore[arg-type]  # a list, checked above
     for guardrail in listed:
         if not callable(guardrail):
             raise TypeError(f"@guardrails({kind}=[...]) takes callables, not {guardrail!r:.60}")
