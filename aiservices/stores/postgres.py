@@ -607,11 +607,11 @@ class PostgresChatMemoryStore:
         if appended and removed:
             statement = s.apply_evict if history else s.apply_delete
             rows = _rows(appended, texts)
-            query = _Query(statement, (key, n, full, key, list(removed), n, *rows))
+            query = _Query(statement, (key, n, full, list(removed), n, *rows))
         elif appended:
             query = _Query(s.apply_append, (key, n, full, n, *_rows(appended, texts)))
         elif removed:
-            query = _Query(s.evict if history else s.delete_ids, (key, list(removed)))
+            query = _Query(s.remove_evict if history else s.remove, (key, list(removed)))
         else:
             return _nothing(), texts
         return _single(query), texts
@@ -1478,8 +1478,11 @@ class _Statements:
         self.lock = render("SELECT last_seq FROM {conversations} WHERE memory_key = %s FOR UPDATE")
         # A turn: take numbers, then insert after them. With removals, the deletions run
         # first (the count in the WHERE makes the insert wait for them), so a message may be
-        # removed and appended again in one call.
+        # removed and appended again in one call. Every writer locks the conversation's row
+        # before any of its message rows (the deletions read the key from the row they
+        # locked), else a turn and a forget could each hold what the other waits for.
         take = f"c AS ({allocate} RETURNING memory_key, last_seq)"
+        held = "held AS (SELECT memory_key FROM {conversations} WHERE memory_key = %s FOR UPDATE)"
         append = (
             "INSERT INTO {table} (memory_key, seq, message_id, turn_id, created_at, message) "
             "SELECT c.memory_key, c.last_seq - %s + u.ord, u.message_id, u.turn_id, "
@@ -1487,18 +1490,27 @@ class _Statements:
         )
         after_gone = " WHERE (SELECT count(*) FROM gone) >= 0"
         delete_ids = "DELETE FROM {table} WHERE memory_key = %s AND message_id = ANY(%b)"
+
+        def delete_locked(locked: str) -> str:
+            return delete_ids.replace("= %s", f"= (SELECT memory_key FROM {locked})", 1)
+
         to_history = (
             f"INSERT INTO {{history}} ({all_columns}, evicted_at) "
             f"SELECT {all_columns}, clock_timestamp() FROM gone"
         )
         self.apply_append = render(f"WITH {take} {append}")
         self.apply_delete = render(
-            f"WITH {take}, gone AS ({delete_ids} RETURNING 1) {append}{after_gone}"
+            f"WITH {take}, gone AS ({delete_locked('c')} RETURNING 1) {append}{after_gone}"
         )
         self.apply_evict = render(
-            f"WITH {take}, gone AS ({delete_ids} RETURNING {all_columns}), "
+            f"WITH {take}, gone AS ({delete_locked('c')} RETURNING {all_columns}), "
             f"moved AS ({to_history}) {append}{after_gone}"
         )
+        self.remove = render(f"WITH {held} {delete_locked('held')}")
+        self.remove_evict = render(
+            f"WITH {held}, gone AS ({delete_locked('held')} RETURNING {all_columns}) {to_history}"
+        )
+        # Under a lock already held: an update has locked the conversation's row.
         self.delete_ids = render(delete_ids)
         self.evict = render(f"WITH gone AS ({delete_ids} RETURNING {all_columns}) {to_history}")
         self.copy_to_history = render(

@@ -348,6 +348,53 @@ def test_a_removal_finds_a_row_another_writer_is_renumbering(
     assert texts(store.get_messages("c")) == ["b"]
 
 
+@pytest.mark.parametrize("rival", ["forget", "delete_messages", "update_messages"])
+@pytest.mark.parametrize("keep_history", [False, True])
+def test_a_turn_evicting_beside_another_writer_takes_locks_in_one_order(
+    dsn: str, raw: psycopg.Connection[Any], table: str, rival: str, keep_history: bool
+) -> None:
+    # Every writer locks the conversation's row before its message rows: a turn that took a
+    # row it evicts first, and a rival that took the conversation first, would deadlock.
+    old, kept = user("old"), user("kept")
+    with PostgresChatMemoryStore(dsn, table=table, keep_history=keep_history) as store:
+        store.update_messages("c", [old, kept])
+        failures: list[BaseException] = []
+
+        def run(call: Any, *args: Any, **kwargs: Any) -> threading.Thread:
+            def target() -> None:
+                try:
+                    call(*args, **kwargs)
+                except BaseException as exc:
+                    failures.append(exc)
+
+            thread = threading.Thread(target=target)
+            thread.start()
+            return thread
+
+        with psycopg.connect(dsn) as holder:
+            holder.execute(
+                sql.SQL(
+                    "SELECT 1 FROM {} WHERE memory_key = 'c' AND message_id = %s FOR UPDATE"
+                ).format(ident(table)),
+                (old.message_id,),
+            )
+            before = waiting_on_a_lock(raw)
+            turn = run(store.apply_changes, "c", appended=[user("new")], removed=[old.message_id])
+            wait_until(lambda: waiting_on_a_lock(raw) > before)
+            if rival == "update_messages":
+                other = run(store.update_messages, "c", [kept, user("edited")])
+            else:
+                other = run(getattr(store, rival), "c")
+            wait_until(lambda: waiting_on_a_lock(raw) > before + 1)
+            holder.commit()
+        turn.join(10)
+        other.join(10)
+        assert not failures
+        # The turn went first: the rival saw what it wrote.
+        expected = {"forget": [], "delete_messages": [], "update_messages": ["kept", "edited"]}
+        assert texts(store.get_messages("c")) == expected[rival]
+
+
 # -- corrupt rows ----------------------------------------------------------------------------------
 
 
