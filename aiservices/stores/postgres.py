@@ -81,7 +81,7 @@ from typing import Any, Final, Self, TypeAlias
 import psycopg
 import psycopg.errors
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
@@ -211,7 +211,8 @@ class PostgresChatMemoryStore:
     ``keep_history=True``, messages leaving the window move to the history table instead of
     being deleted; `get_history` reads the whole transcript and `forget` erases
     it. Errors are psycopg's own. A pooled connection that the server closed while it sat
-    idle, as when the server restarted, is replaced before a call gets it.
+    idle, as when the server restarted, is replaced before a call gets it, without a pause.
+    Once a store made from a DSN is closed, its calls raise ``psycopg_pool.PoolClosed``.
     """
 
     def __init__(
@@ -795,6 +796,8 @@ class PostgresChatMemoryStore:
         connector = self._connector
         if connector is None:
             return None
+        if self._source.closed:
+            raise _closed(connector.where)  # else a new pool would open for this loop
         # An asyncio connection belongs to the event loop that opened it: one pool per loop.
         # It opens connections only for calls that wait for them (min_size=0): one it opened
         # ahead, still connecting when its loop ends (asyncio.run returning), swallows the
@@ -809,7 +812,6 @@ class PostgresChatMemoryStore:
                 configure=connector.aconfigure,
                 timeout=self._timeout,
                 reconnect_timeout=_RECONNECT,
-                check=connector.acheck_idle,
                 open=False,
                 name=f"aiservices:{self.table}:async",
             )
@@ -1049,12 +1051,12 @@ class _Connector:
         """A connection for a call, and whether it is the pool's (else the call closes it)."""
         if self.failure is None:
             try:
-                return pool.getconn(timeout=_left(deadline, _GRACE)), True
+                return self._checked(pool, _left(deadline, _GRACE)), True
             except PoolTimeout:
                 pass
             if self.failure is None:  # the pool is busy, or still connecting: wait on
                 try:
-                    return pool.getconn(timeout=_left(deadline)), True
+                    return self._checked(pool, _left(deadline)), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
         # The server refused or ignored the last attempt to connect. The pool would try
@@ -1068,12 +1070,12 @@ class _Connector:
         """`take` for an async pool."""
         if self.failure is None:
             try:
-                return await pool.getconn(timeout=_left(deadline, _GRACE)), True
+                return await self._achecked(pool, _left(deadline, _GRACE)), True
             except PoolTimeout:
                 pass
             if self.failure is None:
                 try:
-                    return await pool.getconn(timeout=_left(deadline)), True
+                    return await self._achecked(pool, _left(deadline)), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
         return await self.aconnect(deadline), False
@@ -1128,18 +1130,42 @@ class _Connector:
 
     # An idle connection has nothing to read, unless its server closed it (or is closing it,
     # saying why), as when the server restarted while the connection sat in the pool. Only
-    # then is the connection tested with a round trip, and replaced if it fails.
-    def check_idle(self, conn: psycopg.Connection[Any]) -> None:
-        """Test an idle connection that has something to read, as a pool hands it out."""
-        if _readable(conn.fileno()):
-            with _bounded(conn, self.connect_timeout, "a connection check"):
-                ConnectionPool.check_connection(conn)
+    # then is the connection tested with a round trip, and replaced if it fails. The check
+    # is the store's, not the pool's: a pool pauses after each failed check (1 s, 2 s,
+    # 4 s...), so a few connections a restart closed would hold the call up to its timeout.
+    def _checked(self, pool: ConnectionPool[Any], timeout: float) -> psycopg.Connection[Any]:
+        """A pooled connection, the idle ones the server closed dropped on the way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = pool.getconn(timeout=_left(deadline))
+            if not _readable(conn.fileno()):
+                return conn
+            try:
+                with _bounded(conn, self.connect_timeout, "a connection check"):
+                    ConnectionPool.check_connection(conn)
+            except Exception:
+                conn.close()
+                pool.putconn(conn)  # closed: the pool drops it and opens another
+                continue
+            return conn
 
-    async def acheck_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """`check_idle` for async pools."""
-        if _readable(conn.fileno()):
-            with _bounded(conn, self.connect_timeout, "a connection check"):
-                await AsyncConnectionPool.check_connection(conn)
+    async def _achecked(
+        self, pool: AsyncConnectionPool[Any], timeout: float
+    ) -> psycopg.AsyncConnection[Any]:
+        """`_checked` for async pools."""
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = await pool.getconn(timeout=_left(deadline))
+            if not _readable(conn.fileno()):
+                return conn
+            try:
+                with _bounded(conn, self.connect_timeout, "a connection check"):
+                    await AsyncConnectionPool.check_connection(conn)
+            except Exception:
+                await conn.close()
+                await pool.putconn(conn)
+                continue
+            return conn
 
 
 def _tracked(connector: _Connector) -> type[psycopg.Connection[Any]]:
@@ -1193,6 +1219,11 @@ class _Source:
     def close(self) -> None:
         """Close what the store made."""
 
+    @property
+    def closed(self) -> bool:
+        """Whether the store closed what it made (never, for what it was given)."""
+        return False
+
 
 class _GivenPool(_Source):
     def __init__(self, pool: ConnectionPool[Any], timeout: float) -> None:
@@ -1231,7 +1262,6 @@ class _OwnPool(_Source):
             # Retrying a lost server in the background backs off (1 s, 2 s, 4 s...): stop
             # soon, so that the first call after the server is back starts a new attempt.
             reconnect_timeout=_RECONNECT,
-            check=connector.check_idle,
             open=False,
             name="aiservices",
         )
@@ -1245,6 +1275,8 @@ class _OwnPool(_Source):
                 if not self._opened:
                     self.pool.open()  # connects in the background; calls wait for it
                     self._opened = True
+        if self.pool.closed:
+            raise _closed(self.where)
         conn, pooled = self.connector.take(self.pool, deadline, self.max_connections)
         try:
             yield conn
@@ -1263,6 +1295,10 @@ class _OwnPool(_Source):
         with self._lock:
             self._opened = True  # a closed pool can't open again: calls now fail
             self.pool.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._opened and self.pool.closed
 
 
 class _GivenConnection(_Source):
@@ -1622,6 +1658,13 @@ def _tcp_defaults(dsn: str) -> dict[str, str]:
     if psycopg.pq.version() < 120000:
         defaults.pop("tcp_user_timeout", None)  # libpq 12 added it
     return defaults
+
+
+def _closed(where: str) -> PoolClosed:
+    return PoolClosed(
+        f"the store for the PostgreSQL server at {where} was closed: make a new "
+        "PostgresChatMemoryStore, or close it only when its calls are done"
+    )
 
 
 def _one_line(error: BaseException) -> str:

@@ -477,6 +477,25 @@ def test_retention_purges_from_the_stores_first_write(
         assert fresh._next_purge > time.monotonic() + 3600 - 60
 
 
+@pytest.mark.parametrize("used", [True, False], ids=["used", "unused"])
+def test_a_closed_store_refuses_calls_and_says_it_was_closed(
+    dsn: str, table: str, used: bool
+) -> None:
+    store = PostgresChatMemoryStore(dsn, table=table)
+    if used:
+        store.apply_changes("c", appended=[user("hi")], removed=[])
+    store.close()
+    with pytest.raises(psycopg.OperationalError, match="was closed: make a new"):
+        store.get_messages("c")
+
+    async def call() -> None:
+        await store.aget_messages("c")
+
+    # An async call made no pool of its own for its event loop, and opened no connection.
+    with pytest.raises(psycopg.OperationalError, match="was closed: make a new"):
+        asyncio.run(call())
+
+
 def test_async_methods_use_a_pool_per_event_loop(dsn: str, table: str) -> None:
     store = PostgresChatMemoryStore(dsn, table=table)
 

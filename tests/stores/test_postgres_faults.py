@@ -14,10 +14,12 @@ The frozen and stopped servers are a cluster of these tests' own (see
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -212,6 +214,96 @@ async def test_a_stopped_server_fails_an_async_call_at_once(
         assert time.monotonic() - started < 5.0
         running_postgres.start()
         await acheck_recovered(bot, model, store, BEFORE)
+
+
+# -- a server restarted under a pool of idle connections ------------------------------------------
+
+IDLE = 8  # a pool pausing after each failed check (1 s, 2 s, 4 s...) would reach the timeout
+
+
+def _hold_connections(cluster: PostgresCluster, store: PostgresChatMemoryStore) -> None:
+    # IDLE writers wait on one conversation's row at once, so the pool opens IDLE connections,
+    # which stay idle in it once the row is let go.
+    store.apply_changes("held", appended=[user("first")], removed=[])
+    with psycopg.connect(cluster.dsn) as holder:
+        holder.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE memory_key = 'held' FOR UPDATE").format(
+                sql.Identifier(f"{store.table}_conversations")
+            )
+        )
+        writers = [
+            threading.Thread(
+                target=store.apply_changes,
+                args=("held",),
+                kwargs={"appended": [user(f"w{i}")], "removed": []},
+            )
+            for i in range(IDLE)
+        ]
+        for writer in writers:
+            writer.start()
+        with psycopg.connect(cluster.dsn, autocommit=True) as watcher:
+            _wait_for_waiters(watcher, IDLE)
+        holder.commit()
+    for writer in writers:
+        writer.join(10)
+    assert len(store.get_messages("held")) == IDLE + 1
+
+
+def _wait_for_waiters(conn: psycopg.Connection[Any], n: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        ).fetchone()
+        if row is not None and row[0] >= n:
+            return
+        assert time.monotonic() < deadline, "the writers never queued"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_restarted_server_is_used_at_once_though_every_idle_connection_died(
+    running_postgres: PostgresCluster,  # noqa: F811
+) -> None:
+    with private_store(running_postgres) as store:  # the default timeout, 15 s
+        _hold_connections(running_postgres, store)
+        running_postgres.stop()
+        running_postgres.start()
+        started = time.monotonic()
+        store.apply_changes("after", appended=[user("back")], removed=[])
+        assert time.monotonic() - started < 5.0
+        assert texts(store.get_messages("after")) == ["back"]
+
+
+@pytest.mark.slow
+async def test_a_restarted_server_is_used_at_once_by_async_calls(
+    running_postgres: PostgresCluster,  # noqa: F811
+) -> None:
+    async with private_store(running_postgres) as store:
+        await store.aapply_changes("held", appended=[user("first")], removed=[])
+        holder = await psycopg.AsyncConnection.connect(running_postgres.dsn)
+        async with holder:
+            await holder.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE memory_key = 'held' FOR UPDATE").format(
+                    sql.Identifier(f"{store.table}_conversations")
+                )
+            )
+            writers = [
+                asyncio.create_task(
+                    store.aapply_changes("held", appended=[user(f"w{i}")], removed=[])
+                )
+                for i in range(IDLE)
+            ]
+            with psycopg.connect(running_postgres.dsn, autocommit=True) as watcher:
+                await asyncio.to_thread(_wait_for_waiters, watcher, IDLE)
+            await holder.commit()
+        await asyncio.gather(*writers)
+        running_postgres.stop()
+        running_postgres.start()
+        started = time.monotonic()
+        await store.aapply_changes("after", appended=[user("back")], removed=[])
+        assert time.monotonic() - started < 5.0
+        assert texts(await store.aget_messages("after")) == ["back"]
 
 
 # -- the server's own timeouts ----------------------------------------------------------------
