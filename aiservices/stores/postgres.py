@@ -1051,12 +1051,12 @@ class _Connector:
         """A connection for a call, and whether it is the pool's (else the call closes it)."""
         if self.failure is None:
             try:
-                return self._checked(pool, _left(deadline, _GRACE)), True
+                return self._checked(pool, min(deadline, time.monotonic() + _GRACE)), True
             except PoolTimeout:
                 pass
             if self.failure is None:  # the pool is busy, or still connecting: wait on
                 try:
-                    return self._checked(pool, _left(deadline)), True
+                    return self._checked(pool, deadline), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
         # The server refused or ignored the last attempt to connect. The pool would try
@@ -1070,12 +1070,12 @@ class _Connector:
         """`take` for an async pool."""
         if self.failure is None:
             try:
-                return await self._achecked(pool, _left(deadline, _GRACE)), True
+                return await self._achecked(pool, min(deadline, time.monotonic() + _GRACE)), True
             except PoolTimeout:
                 pass
             if self.failure is None:
                 try:
-                    return await self._achecked(pool, _left(deadline)), True
+                    return await self._achecked(pool, deadline), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
         return await self.aconnect(deadline), False
@@ -1133,11 +1133,10 @@ class _Connector:
     # then is the connection tested with a round trip, and replaced if it fails. The check
     # is the store's, not the pool's: a pool pauses after each failed check (1 s, 2 s,
     # 4 s...), so a few connections a restart closed would hold the call up to its timeout.
-    def _checked(self, pool: ConnectionPool[Any], timeout: float) -> psycopg.Connection[Any]:
+    def _checked(self, pool: ConnectionPool[Any], deadline: float) -> psycopg.Connection[Any]:
         """A pooled connection, the idle ones the server closed dropped on the way."""
-        deadline = time.monotonic() + timeout
         while True:
-            conn = pool.getconn(timeout=_left(deadline))
+            conn: psycopg.Connection[Any] = pool.getconn(timeout=_left(deadline))
             if not _readable(conn.fileno()):
                 return conn
             try:
@@ -1150,12 +1149,11 @@ class _Connector:
             return conn
 
     async def _achecked(
-        self, pool: AsyncConnectionPool[Any], timeout: float
+        self, pool: AsyncConnectionPool[Any], deadline: float
     ) -> psycopg.AsyncConnection[Any]:
         """`_checked` for async pools."""
-        deadline = time.monotonic() + timeout
         while True:
-            conn = await pool.getconn(timeout=_left(deadline))
+            conn: psycopg.AsyncConnection[Any] = await pool.getconn(timeout=_left(deadline))
             if not _readable(conn.fileno()):
                 return conn
             try:
