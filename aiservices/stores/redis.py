@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import copy
 import hashlib
 import re
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Self
+from typing import Any, Self, cast
 from urllib.parse import parse_qs, urlsplit
 
 import redis
@@ -145,8 +146,11 @@ end
 """
 
 # ARGV: the highest sequence number the reader holds. Returns the window's sequence numbers,
-# the texts of the messages numbered higher (always the last ones: numbers only grow), and
-# the server's time.
+# the texts of the messages numbered higher (always the last ones: numbers only grow), the
+# server's time, and the message id of the newest message the reader holds by its number.
+# That id tells a number reused apart: restored from an older snapshot, or failed over to a
+# replica behind, the server numbers new messages again from where it was, and those are the
+# newest; if any has a number the reader holds, the newest of them does.
 _SINCE = """
 local after = tonumber(ARGV[1])
 local seqs = redis.call('LRANGE', s, 0, -1)
@@ -154,7 +158,14 @@ local first = #seqs + 1
 while first > 1 and tonumber(seqs[first - 1]) > after do first = first - 1 end
 local texts = {}
 if first <= #seqs then texts = redis.call('LRANGE', w, first - 1, -1) end
-return {seqs, texts, redis.call('TIME')}
+local held = false
+if first > 1 then
+  local ok, message = pcall(cjson.decode, redis.call('LINDEX', w, first - 2))
+  if ok and type(message) == 'table' and type(message.message_id) == 'string' then
+    held = message.message_id
+  end
+end
+return {seqs, texts, redis.call('TIME'), held}
 """
 
 # ARGV: keep_history (0/1), ttl in ms (0: none), deadline, token, the number of removed ids,
@@ -926,6 +937,14 @@ class RedisChatMemoryStore:
         for pos, seq in enumerate(seqs):
             number = _number(memory_id, _text(seq), f"{w[:-1]}s", pos)
             rows.append((number, number, texts[pos - first] if pos >= first else None))
+        if first and isinstance(since, WindowRead):
+            # The reader's message under the newest number it holds must be the stored one:
+            # else the numbers were reused, and what it holds is read again.
+            number = rows[first - 1][0]
+            at = bisect.bisect_left(cast("list[int]", since.marks), number)
+            held = since.messages[at] if since.marks[at : at + 1] == [number] else None
+            if held is None or raw[3] is None or held.message_id != _text(raw[3]):
+                since = None
 
         def parse(indexes: list[int]) -> list[ChatMessage]:
             decoded = _decoded(memory_id, w, [rows[i][2] for i in indexes], indexes)

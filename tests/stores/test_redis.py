@@ -255,6 +255,57 @@ def test_without_ttl_nothing_expires(store: RedisChatMemoryStore, client: redis.
     assert client.pttl(store.keys("c")[0]) == -1
 
 
+# -- a server that goes back in time ----------------------------------------------------------
+
+
+def _snapshot(client: redis.Redis, keys: Any) -> dict[str, bytes | None]:
+    return {key: client.dump(key) for key in keys}  # type: ignore[misc]
+
+
+def _restore(client: redis.Redis, snapshot: dict[str, bytes | None]) -> None:
+    for key, dumped in snapshot.items():
+        client.delete(key)
+        if dumped is not None:
+            client.restore(key, 0, dumped)
+
+
+@pytest.mark.parametrize("later", [1, 3], ids=["fewer-than-lost", "more-than-lost"])
+def test_a_reader_sees_a_conversation_restored_from_an_older_snapshot(
+    store: RedisChatMemoryStore, client: redis.Redis, later: int
+) -> None:
+    # A failover to a replica behind, or a restart from an older snapshot, loses the last
+    # writes, and the server numbers new messages again from where the snapshot was. A reader
+    # that held the lost ones under those numbers must not keep showing them.
+    store.apply_changes("c", appended=[user("a"), user("b")], removed=[])
+    snapshot = _snapshot(client, store.keys("c"))
+    store.apply_changes("c", appended=[user("lost 1"), user("lost 2")], removed=[])
+    held, since = store.get_messages_since("c")
+    assert texts(held) == ["a", "b", "lost 1", "lost 2"]
+    _restore(client, snapshot)
+    new = [user(f"new {i}") for i in range(later)]
+    store.apply_changes("c", appended=new, removed=[])
+    read, since = store.get_messages_since("c", since)
+    assert texts(read) == texts(store.get_messages("c")) == ["a", "b", *texts(new)]
+    assert [m.message_id for m in read[2:]] == [m.message_id for m in new]
+    store.apply_changes("c", appended=[user("next")], removed=[])
+    read, _ = store.get_messages_since("c", since)
+    assert texts(read) == ["a", "b", *texts(new), "next"]
+
+
+async def test_an_async_reader_sees_a_conversation_restored_from_an_older_snapshot(
+    url: str, prefix: str, client: redis.Redis
+) -> None:
+    async with RedisChatMemoryStore(url, key_prefix=prefix) as store:
+        await store.aapply_changes("c", appended=[user("a")], removed=[])
+        snapshot = _snapshot(client, store.keys("c"))
+        await store.aapply_changes("c", appended=[user("lost")], removed=[])
+        _, since = await store.aget_messages_since("c")
+        _restore(client, snapshot)
+        await store.aapply_changes("c", appended=[user("new")], removed=[])
+        read, _ = await store.aget_messages_since("c", since)
+        assert texts(read) == ["a", "new"]
+
+
 # -- corrupt data ---------------------------------------------------------------------------------
 
 
