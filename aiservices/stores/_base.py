@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,8 +69,9 @@ def store_key(memory_id: Hashable) -> str:
 def memory_id_of(key: str) -> Hashable:
     """The memory id a store filed under ``key`` (see `store_key`), as it was given.
 
-    ``str``, ``int``, ``float``, ``bool`` and ``UUID`` ids come back as they were given;
-    an id of another type comes back as its text.
+    ``str``, ``int``, ``float``, ``bool``, ``None``, ``UUID``, ``Decimal``, ``date`` and
+    ``datetime`` ids come back as they were given, and tuples of literals (strings, numbers,
+    ``None``, tuples); an id of another type comes back as its text.
     """
     if not key.startswith(_TYPED):
         return key
@@ -79,19 +81,35 @@ def memory_id_of(key: str) -> Hashable:
     name, _, text = rest.partition(":")
     if name == "str":
         return text  # a str subclass (an enum member, say)
-    if name == "bool":
-        return text == "True"
-    decode: Any = {"int": int, "float": float}.get(name)
-    if decode is None and name == "UUID":
-        import uuid
-
-        decode = uuid.UUID
+    decode = _decoders().get(name)
     if decode is None:
         return text
     try:
-        return decode(text)  # type: ignore[no-any-return]
-    except ValueError:
+        value: Hashable = decode(text)
+    except (ValueError, LookupError, SyntaxError, TypeError, ArithmeticError, RecursionError):
         return text
+    # Only a value that files under the same key is the id given; else it was another type.
+    return value if type(value).__name__ == name and store_key(value) == key else text
+
+
+@functools.cache
+def _decoders() -> dict[str, Any]:
+    import ast
+    import datetime
+    import decimal
+    import uuid
+
+    return {
+        "int": int,
+        "float": float,
+        "bool": {"True": True, "False": False}.__getitem__,
+        "NoneType": {"None": None}.__getitem__,
+        "UUID": uuid.UUID,
+        "Decimal": decimal.Decimal,
+        "date": datetime.date.fromisoformat,
+        "datetime": datetime.datetime.fromisoformat,
+        "tuple": ast.literal_eval,
+    }
 
 
 @runtime_checkable

@@ -7,7 +7,8 @@ import threading
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -673,6 +674,29 @@ def test_memory_ids_lists_each_conversation_with_its_id_as_given(backend: Opened
         assert [m.text for m in store.get_messages(memory_id)] == [f"from {memory_id!r}"]
     store.forget(7) if backend.spec.history else store.delete_messages(7)
     assert 7 not in list(store.memory_ids())
+
+
+def test_memory_ids_gives_back_ids_of_other_common_types_as_given(
+    backend: OpenedBackend,
+) -> None:
+    store = backend.open()
+    ids: list[Hashable] = [
+        None,
+        Decimal("1.50"),
+        ("tenant", 42, None, (1.5, "x")),
+        date(2026, 1, 2),
+        datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+        datetime(2026, 1, 2, 3, 4, 5),
+    ]
+    for memory_id in ids:
+        store.update_messages(memory_id, [UserMessage(f"from {memory_id!r}")])
+    listed = list(store.memory_ids())
+    assert sorted(map(repr, listed)) == sorted(map(repr, ids))
+    for memory_id in listed:
+        assert [m.text for m in store.get_messages(memory_id)] == [f"from {memory_id!r}"]
+    # What no literal spells comes back as the text it was filed under.
+    store.update_messages(frozenset({1}), [UserMessage("set")])
+    assert "frozenset({1})" in list(store.memory_ids())
 
 
 def test_a_conversation_whose_messages_were_all_removed_is_not_listed(
