@@ -73,8 +73,12 @@ def _problem(where: str, text: str) -> str:
     return f"{where}: {text}"
 
 
-def _interface_methods(interface: type) -> dict[str, Callable[..., Any]]:
+def _interface_methods(
+    interface: type,
+) -> tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]]:
+    """The methods the service implements, and those with a body of their own."""
     methods: dict[str, Callable[..., Any]] = {}
+    written: dict[str, Callable[..., Any]] = {}
     for klass in reversed(interface.__mro__):
         if klass is object or klass is typing.Generic:
             continue
@@ -87,9 +91,53 @@ def _interface_methods(interface: type) -> dict[str, Callable[..., Any]]:
                 continue
             if isinstance(member, (staticmethod, classmethod, property)):
                 continue
-            if inspect.isfunction(member):
+            if not inspect.isfunction(member):
+                continue
+            # A method with a body runs as written (as a Java interface's default method
+            # does), on the service: it may call the methods the model answers.
+            if _is_stub(member):
                 methods[name] = member
-    return methods
+                written.pop(name, None)
+            else:
+                written[name] = member
+                methods.pop(name, None)
+    return methods, written
+
+
+_STUB_STEPS: Final = frozenset(
+    {"RESUME", "NOP", "CACHE", "RETURN_GENERATOR", "POP_TOP", "COPY_FREE_VARS", "MAKE_CELL"}
+)
+
+
+def _is_stub(function: Callable[..., Any]) -> bool:
+    """Whether ``function``'s body only declares it: ``...``, ``pass``, a docstring, or
+    ``raise NotImplementedError``."""
+    import dis
+
+    steps = [i for i in dis.get_instructions(function) if i.opname not in _STUB_STEPS]
+    names = [(i.opname, i.argval) for i in steps]
+    if names in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)]):
+        return True
+    return (
+        bool(steps)
+        and steps[-1].opname == "RAISE_VARARGS"
+        and any(i.argval == "NotImplementedError" for i in steps)
+        and all(i.opname in _RAISE_STEPS for i in steps)
+    )
+
+
+_RAISE_STEPS: Final = frozenset(
+    {
+        "LOAD_GLOBAL",
+        "LOAD_NAME",
+        "LOAD_CONST",
+        "PUSH_NULL",
+        "PRECALL",
+        "CALL",
+        "KW_NAMES",
+        "RAISE_VARARGS",
+    }
+)
 
 
 def _strip_annotated(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -480,9 +528,19 @@ def plan_interface(
     default_system = getattr(interface, SYSTEM_ATTRIBUTE, None)
     problems: list[str] = []
     plans: dict[str, MethodPlan] = {}
-    methods = _interface_methods(interface)
+    methods, written = _interface_methods(interface)
+    for name, function in written.items():
+        if any(
+            hasattr(function, marker)
+            for marker in (SYSTEM_ATTRIBUTE, USER_ATTRIBUTE, GUARDRAILS_ATTRIBUTE)
+        ):
+            problems.append(
+                f"{interface.__name__}.{name} has a body, so it runs as written and its "
+                "prompt or guardrail decorators would do nothing: make its body `...` for "
+                "the model to answer it, or remove the decorators"
+            )
     if not methods:
-        raise InterfaceError(f"{interface.__name__} declares no method to implement")
+        raise InterfaceError(problems or f"{interface.__name__} declares no method to implement")
     for name, function in methods.items():
         plan = plan_method(
             interface,

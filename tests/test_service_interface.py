@@ -365,3 +365,75 @@ def test_a_lone_tool_or_listener_where_a_list_belongs_fails_the_build() -> None:
     assert "tools=[order_status]" in problem
     [problem] = problems(Bot, tools="order_status")
     assert problem.startswith("tools= takes a list")
+
+
+# -- methods with a body --------------------------------------------------------------------------
+
+
+def test_a_method_with_a_body_runs_as_written_and_may_call_the_model_methods() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+        def greet(self, name: str) -> str:
+            return self.chat(f"Say hello to {name}.").upper()
+
+        def stub_with_docstring(self, message: str) -> str:
+            """Answered by the model."""
+
+        def stub_that_raises(self, message: str) -> str:
+            raise NotImplementedError("the model answers this")
+
+    model = ScriptedChatModel(default="hello, ada")
+    bot = ai_service(Bot, model=model)
+    assert bot.greet("Ada") == "HELLO, ADA"
+    assert [m.text for m in model.requests[0].messages] == ["Say hello to Ada."]
+    assert bot.stub_with_docstring("x") == "hello, ada"
+    assert bot.stub_that_raises("y") == "hello, ada"
+    assert [m.text for r in model.requests for m in r.messages] == [
+        "Say hello to Ada.",
+        "x",
+        "y",
+    ]
+
+
+async def test_an_async_method_with_a_body_awaits_the_model_methods() -> None:
+    class Bot(Protocol):
+        async def chat(self, message: str) -> str: ...
+
+        async def twice(self, message: str) -> list[str]:
+            return [await self.chat(message), await self.chat(message + "!")]
+
+    model = ScriptedChatModel("a", "b")
+    bot = ai_service(Bot, model=model)
+    assert await bot.twice("hi") == ["a", "b"]
+
+
+def test_a_body_in_an_extended_interface_overrides_a_declaration_and_back() -> None:
+    class Base(Protocol):
+        def chat(self, message: str) -> str: ...
+
+        def summary(self, text: str) -> str:
+            return "written"
+
+    class Bot(Base, Protocol):
+        def chat(self, message: str) -> str:
+            return "chat written"
+
+        def summary(self, text: str) -> str: ...
+
+    bot = ai_service(Bot, model=ScriptedChatModel(default="from the model"))
+    assert bot.chat("x") == "chat written"
+    assert bot.summary("x") == "from the model"
+
+
+def test_prompt_decorators_on_a_method_with_a_body_fail_the_build() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+        @user_message("Translate {{text}}")
+        def translate(self, text: str) -> str:
+            return text
+
+    [problem] = problems(Bot)
+    assert problem.startswith("Bot.translate has a body, so it runs as written")
+    assert "make its body `...`" in problem
