@@ -20,10 +20,11 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+from uuid import UUID
 
 import typing_extensions
 from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
@@ -37,7 +38,8 @@ from .models._strict import is_strict_schema
 __all__ = ["OutputPlan", "UnsupportedOutputType", "plan_output"]
 
 _SUPPORTED: Final = (
-    "str, AiMessage, bool, int, float, Decimal, date, datetime, Enum subclasses, "
+    "str, AiMessage, bool, int, float, Decimal, date, datetime, time, timedelta, UUID, "
+    "Enum subclasses, "
     "Literal[...], pydantic models, dataclasses, TypedDict, list[T], set[T], frozenset[T], "
     "tuple[T, ...], tuple[A, B], dict[str, T], and unions of these such as T | None"
 )
@@ -158,7 +160,7 @@ class _Unsupported(Exception):
 # The functional form, typed loosely: its result is a class made at run time.
 _new_typeddict: Final[Any] = typing_extensions.TypedDict
 
-_SCALARS: Final = (bool, int, float, Decimal, date, datetime, str)
+_SCALARS: Final = (bool, int, float, Decimal, date, datetime, time, timedelta, UUID, str)
 _SEQUENCES: Final = (list, set, frozenset)
 _UNION_ORIGINS: Final = (Union, types.UnionType)
 _NONE_TYPE: Final = type(None)

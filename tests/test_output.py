@@ -669,3 +669,19 @@ def test_a_message_type_inside_another_type_is_refused(shape: Any) -> None:
     # It would be asked for as JSON of the message's own fields.
     with pytest.raises(UnsupportedOutputType, match=r"is returned alone \(`-> AiMessage`"):
         plan_output(shape)
+
+
+def test_times_durations_and_uuids_are_read_as_values() -> None:
+    import uuid
+    from datetime import time, timedelta
+
+    uid = "123e4567-e89b-12d3-a456-426614174000"
+    assert parse(uuid.UUID, uid) == uuid.UUID(uid)
+    assert parse(uuid.UUID, f'{{"value": "{uid}"}}') == uuid.UUID(uid)
+    assert parse(timedelta, "PT1H30M") == timedelta(hours=1, minutes=30)
+    assert parse(timedelta, '{"value": 90}') == timedelta(seconds=90)
+    assert parse(time, "`14:30`") == time(14, 30)
+    assert parse(list[timedelta], '["PT5M", 60]') == [timedelta(minutes=5), timedelta(minutes=1)]
+    fmt = plan_output(uuid.UUID).response_format
+    assert fmt is not None
+    assert fmt.schema["properties"]["value"] == {"format": "uuid", "type": "string"}
