@@ -306,7 +306,7 @@ class Toolbox:
                 [
                     f"tools: the tool name {name!r} is used {len(sources)} times "
                     f"({', '.join(sources)}); give each tool its own name with "
-                    "@tool(name=...)"
+                    "@tool(name=...), or each McpToolset a prefix= of its own"
                     for name, sources in duplicates.items()
                 ]
             )

@@ -57,11 +57,28 @@ class McpToolset:
         *,
         filter: Callable[[str], bool] | None = None,  # noqa: A002 - the name design.md gives
         timeout: float | None = 60.0,
+        prefix: str = "",
         label: str | None = None,
     ) -> None:
-        """``server`` is what ``mcp.Client`` connects to: stdio parameters, a URL, a transport."""
+        """``server`` is what ``mcp.Client`` connects to: stdio parameters, a URL, a transport.
+
+        ``timeout`` bounds each listing and call in seconds (``None``: no bound); ``prefix``
+        goes before each tool's name as the model sees it (``"weather_"``), so that two
+        servers' tools of one name can serve one service.
+        """
         if filter is not None and not callable(filter):
             raise TypeError(f"filter must be a callable name -> bool, not {filter!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+        ):
+            raise ValueError(
+                f"timeout must be a positive number of seconds or None, not {timeout!r}"
+            )
+        if not isinstance(prefix, str) or (prefix and not valid_tool_name(prefix)):
+            raise ValueError(
+                f"prefix must be letters, digits, '_' or '-' (at most 64), not {prefix!r}"
+            )
+        self._prefix = prefix
         self._server = server
         self._filter = filter
         self._timeout = timeout
@@ -82,12 +99,20 @@ class McpToolset:
         *,
         env: Mapping[str, str] | None = None,
         filter: Callable[[str], bool] | None = None,  # noqa: A002
+        timeout: float | None = 60.0,
+        prefix: str = "",
     ) -> McpToolset:
         """A server run as a subprocess, spoken to over its stdin and stdout."""
         parameters = StdioServerParameters(
             command=command, args=list(args), env=None if env is None else dict(env)
         )
-        return cls(parameters, filter=filter, label=f"McpToolset.stdio({command!r})")
+        return cls(
+            parameters,
+            filter=filter,
+            timeout=timeout,
+            prefix=prefix,
+            label=f"McpToolset.stdio({command!r})",
+        )
 
     @classmethod
     def http(
@@ -96,6 +121,8 @@ class McpToolset:
         *,
         headers: Mapping[str, str] | None = None,
         filter: Callable[[str], bool] | None = None,  # noqa: A002
+        timeout: float | None = 60.0,
+        prefix: str = "",
     ) -> McpToolset:
         """A server reached over streamable HTTP at ``url``."""
         server: Any = url
@@ -115,7 +142,13 @@ class McpToolset:
                     yield streams
 
             server = _Fresh(transport)
-        return cls(server, filter=filter, label=f"McpToolset.http({url!r})")
+        return cls(
+            server,
+            filter=filter,
+            timeout=timeout,
+            prefix=prefix,
+            label=f"McpToolset.http({url!r})",
+        )
 
     def __repr__(self) -> str:
         return self._label
@@ -134,14 +167,22 @@ class McpToolset:
 
     def _tool(self, spec: Any) -> Tool:
         remote = spec.name
-        name = remote if valid_tool_name(remote) else _INVALID_NAME_CHARS.sub("_", remote)[:64]
+        name = self._prefix + remote
+        if not valid_tool_name(name):
+            name = _INVALID_NAME_CHARS.sub("_", name)[:64] or "tool"
 
         def call(**arguments: Any) -> Any:
             return self._run(self._call(remote, arguments))
 
         schema = dict(spec.input_schema or {"type": "object", "properties": {}})
         schema.setdefault("type", "object")
-        return Tool(name or "tool", spec.description or "", schema, call)
+        try:
+            return Tool(name, spec.description or "", schema, call)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(
+                f"{self._label}: the server's tool {remote!r} can't be offered ({exc}); leave "
+                f"it out with filter=lambda name: name != {remote!r}"
+            ) from exc
 
     # -- the background loop -----------------------------------------------------------------
 

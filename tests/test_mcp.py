@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import pytest
 from _servers import serving
 
-from aiservices import AiMessage, ToolExecutionRequest, ai_service
+from aiservices import AiMessage, InterfaceError, ToolExecutionRequest, ai_service
 from aiservices.mcp import McpToolset
 from aiservices.testing import ScriptedChatModel
 
@@ -254,3 +254,74 @@ def test_a_result_the_client_refuses_fails_that_call_and_keeps_the_connection() 
     assert refused is not None
     assert refused.startswith("Tool 'count' raised RuntimeError")
     assert after == before  # the same server process: its state is kept
+
+
+def test_a_tool_whose_schema_is_broken_is_named_with_the_filter_that_leaves_it_out() -> None:
+    server = [str(Path(__file__).parent / "mcp_servers" / "schema_breaker.py"), "bad-input"]
+    with McpToolset.stdio(sys.executable, server) as toolset:
+        with pytest.raises(ValueError, match="the server's tool 'typo' can't be offered") as info:
+            ai_service(Bot, model=ScriptedChatModel("ok"), tools=[toolset])
+        assert "filter=lambda name: name != 'typo'" in str(info.value)
+        assert "McpToolset.stdio(" in str(info.value)
+    with McpToolset.stdio(sys.executable, server, filter=lambda name: name != "typo") as toolset:
+        model = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        assert ai_service(Bot, model=model, tools=[toolset]).ask("who?") == "done"
+        assert [spec.name for spec in model.requests[0].tools] == ["count", "whoami"]
+
+
+def test_a_prefix_tells_two_servers_tools_of_one_name_apart() -> None:
+    command = [str(SERVER), "stdio"]
+    keep = {"forecast", "whoami"}.__contains__
+    with (
+        McpToolset.stdio(sys.executable, command, filter=keep) as first,
+        McpToolset.stdio(sys.executable, command, filter=keep) as second,
+        pytest.raises(InterfaceError, match="prefix="),
+    ):
+        ai_service(Bot, model=ScriptedChatModel("ok"), tools=[first, second])
+    with (
+        McpToolset.stdio(sys.executable, command, filter=keep, prefix="north_") as north,
+        McpToolset.stdio(sys.executable, command, filter=keep, prefix="south_") as south,
+    ):
+        model = ScriptedChatModel(
+            _calls(
+                ("north_whoami", "{}"),
+                ("south_whoami", "{}"),
+                ("south_forecast", '{"city": "Rome"}'),
+            ),
+            "done",
+        )
+        ai_service(Bot, model=model, tools=[north, south]).ask("who?")
+        names = [spec.name for spec in model.requests[0].tools]
+        assert names == ["north_forecast", "north_whoami", "south_forecast", "south_whoami"]
+        north_pid, south_pid, forecast = _results(model, 3)
+    assert north_pid is not None
+    assert south_pid is not None
+    assert north_pid.isdigit()
+    assert south_pid.isdigit()
+    assert north_pid != south_pid  # two processes
+    assert forecast == "Rome: sunny for 1 day(s)"
+
+
+def test_the_timeout_of_a_toolset_bounds_each_call(http_url: str) -> None:
+    with McpToolset.http(http_url, filter={"slow", "whoami"}.__contains__, timeout=0.5) as toolset:
+        model = ScriptedChatModel(_calls(("slow", "{}")), _calls(("whoami", "{}")), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("slow?")
+    (slow,) = _results(model, 1, request=1)
+    (whoami,) = _results(model, 1, request=2)
+    assert slow is not None
+    assert slow.startswith("Tool 'slow' raised TimeoutError")  # the tool takes 1 s
+    assert whoami is not None
+    assert whoami.isdigit()  # the next call goes through
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"timeout": 0}, "timeout must be a positive number"),
+        ({"timeout": "5"}, "timeout must be a positive number"),
+        ({"prefix": "a b"}, "prefix must be letters"),
+    ],
+)
+def test_bad_options_are_clear_errors(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        McpToolset.stdio(sys.executable, [str(SERVER), "stdio"], **options)

@@ -1,11 +1,14 @@
 """An MCP server on the SDK's low-level server, whose ``count`` tool answers with structured
 content its own output schema refuses (the client refuses that result); ``whoami`` tells
-the process id, to tell a reconnection. ``python schema_breaker.py`` serves over stdio."""
+the process id, to tell a reconnection. ``python schema_breaker.py`` serves over stdio;
+with the argument ``bad-input``, it also lists ``typo``, whose input schema is not a valid
+JSON schema."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from typing import Any
 
 import mcp_types as types
@@ -28,6 +31,16 @@ TOOLS = [
         input_schema={"type": "object", "properties": {}},
     ),
 ]
+
+
+if sys.argv[1:] == ["bad-input"]:
+    TOOLS.append(
+        types.Tool(
+            name="typo",
+            description="Its input schema names a type that does not exist.",
+            input_schema={"type": "object", "properties": {"n": {"type": "integr"}}},
+        )
+    )
 
 
 async def list_tools(context: Any, params: Any) -> types.ListToolsResult:
