@@ -7,18 +7,30 @@ offers: ``get_messages_since`` for reads that parse only new rows, ``apply_chang
 delta writes, the ``a``-prefixed twins for native async I/O, ``check_memory_id`` to refuse
 an id the store can't hold when a memory is made. A plain three-method store
 gets delta writes through a generic adapter (read, apply the delta, write back), so a
-memory has one write path whatever the store.
+memory has one write path whatever the store. Messages an add evicts at once (a turn longer
+than the window) reach the history of a store that keeps one, through ``apply_changes``'
+``history_only=``.
 """
 
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..messages import ChatMessage
 
-__all__ = ["AsyncMode", "StoreOps", "store_ops"]
+__all__ = ["AsyncMode", "Change", "StoreOps", "store_ops"]
+
+
+class Change(NamedTuple):
+    """One add's store write."""
+
+    appended: list[ChatMessage]
+    removed: list[ChatMessage]
+    snapshot: Callable[[], list[ChatMessage]]  # the whole window, for stores without deltas
+    passed: list[ChatMessage]  # left the window in the add that brought them
 
 
 class AsyncMode(enum.Enum):
@@ -32,13 +44,24 @@ class AsyncMode(enum.Enum):
 class StoreOps:
     """A store's operations, as a memory calls them; one object per kind of store."""
 
-    __slots__ = ("apply", "check", "mode", "since")
+    __slots__ = ("apply", "check", "history_only", "mode", "since")
 
-    def __init__(self, *, since: bool, apply: bool, mode: AsyncMode, check: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        since: bool,
+        apply: bool,
+        mode: AsyncMode,
+        check: bool = False,
+        history_only: bool = False,
+    ) -> None:
         self.since = since  # the store has get_messages_since
         self.apply = apply  # the store has apply_changes
         self.mode = mode
         self.check = check  # the store has check_memory_id
+        # apply_changes takes history_only=: the messages an add evicted at once reach the
+        # history of a store that keeps one.
+        self.history_only = history_only
 
     def check_id(self, store: Any, memory_id: Hashable) -> None:
         """Raise the store's ``ValueError`` if it can't hold ``memory_id``."""
@@ -57,17 +80,18 @@ class StoreOps:
 
         return read
 
-    def write(
-        self,
-        store: Any,
-        memory_id: Hashable,
-        appended: Sequence[ChatMessage],
-        removed: Sequence[ChatMessage],
-        snapshot: Callable[[], list[ChatMessage]],
-    ) -> None:
-        """Append ``appended`` and remove ``removed``; ``snapshot`` is the whole window."""
+    def write(self, store: Any, memory_id: Hashable, change: Change) -> None:
+        """Append and remove what ``change`` says; its passed messages go to a history the
+        store keeps."""
+        appended, removed, snapshot, passed = change
+        if not self._kept(store, passed):
+            if not appended and not removed:
+                return
+            passed = []
         ids = [m.message_id for m in removed]
-        if self.apply and None not in ids:
+        if passed and None not in ids:
+            store.apply_changes(memory_id, appended=appended, removed=ids, history_only=passed)
+        elif self.apply and None not in ids:
             store.apply_changes(memory_id, appended=appended, removed=ids)
         elif self.apply:
             # A removed message without an id can only be removed by writing the window.
@@ -75,6 +99,10 @@ class StoreOps:
         else:
             stored = store.get_messages(memory_id)
             store.update_messages(memory_id, [*_without(stored, removed), *appended])
+
+    def _kept(self, store: Any, passed: Sequence[ChatMessage]) -> bool:
+        """Whether ``passed`` go to a history ``store`` keeps."""
+        return bool(passed) and self.history_only and getattr(store, "keep_history", False)
 
     def replace(self, store: Any, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         store.update_messages(memory_id, messages)
@@ -91,16 +119,18 @@ class StoreOps:
             return await store.aget_messages_since(memory_id, since)  # type: ignore[no-any-return]
         return await store.aget_messages(memory_id), None
 
-    async def awrite(
-        self,
-        store: Any,
-        memory_id: Hashable,
-        appended: Sequence[ChatMessage],
-        removed: Sequence[ChatMessage],
-        snapshot: Callable[[], list[ChatMessage]],
-    ) -> None:
+    async def awrite(self, store: Any, memory_id: Hashable, change: Change) -> None:
+        appended, removed, snapshot, passed = change
+        if not self._kept(store, passed):
+            if not appended and not removed:
+                return
+            passed = []
         ids = [m.message_id for m in removed]
-        if self.apply and None not in ids:
+        if passed and None not in ids:
+            await store.aapply_changes(
+                memory_id, appended=appended, removed=ids, history_only=passed
+            )
+        elif self.apply and None not in ids:
             await store.aapply_changes(memory_id, appended=appended, removed=ids)
         elif self.apply:
             await store.aupdate_messages(memory_id, snapshot())
@@ -168,7 +198,23 @@ def _resolve(store: object, blocking: bool) -> StoreOps:
         if since:
             needed.append("aget_messages_since")
         mode = AsyncMode.NATIVE if all(map(has, needed)) else AsyncMode.THREAD
-    return StoreOps(since=since, apply=apply, mode=mode, check=has("check_memory_id"))
+    history_only = apply and _takes(store, "apply_changes", "history_only")
+    if mode is AsyncMode.NATIVE:
+        history_only = history_only and _takes(store, "aapply_changes", "history_only")
+    return StoreOps(
+        since=since,
+        apply=apply,
+        mode=mode,
+        check=has("check_memory_id"),
+        history_only=history_only,
+    )
+
+
+def _takes(store: object, method: str, name: str) -> bool:
+    try:
+        return name in inspect.signature(getattr(store, method)).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _reads_elsewhere(kind: type) -> bool:

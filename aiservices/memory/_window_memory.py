@@ -20,7 +20,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from .._locks import TurnLock
 from ..messages import ChatMessage, new_message_id
 from ..stores._base import ChatMemoryStore
-from ._store_ops import AsyncMode, store_ops
+from ._store_ops import AsyncMode, Change, store_ops
 from ._window import EVICT, Limit, OverflowPolicy, Window, check_limit, check_messages, message_key
 
 __all__ = ["ReportedUsage", "WindowChatMemory", "WindowChatMemoryProvider"]
@@ -162,8 +162,8 @@ class WindowChatMemory:
                 outcome = self._drive(outcome)
             write = self._end_add(window, added, removed, outcome)
             if write is not None:
-                self._ops.write(self._store, self._id, *write)
-                self.evicted_messages += len(write[1])
+                self._ops.write(self._store, self._id, write)
+                self.evicted_messages += len(write.removed)
         except BaseException:
             self._reset()
             raise
@@ -202,7 +202,7 @@ class WindowChatMemory:
             write = self._end_add(window, added, removed, outcome)
             if write is not None:
                 await self._aio(WRITE, write)
-                self.evicted_messages += len(write[1])
+                self.evicted_messages += len(write.removed)
         except BaseException:
             self._reset()
             raise
@@ -345,9 +345,11 @@ class WindowChatMemory:
         added: list[ChatMessage],
         removed: list[ChatMessage],
         outcome: tuple[list[ChatMessage], list[ChatMessage]],
-    ) -> tuple[list[ChatMessage], list[ChatMessage], Callable[[], list[ChatMessage]]] | None:
-        """The store write for an add whose overflow came out as ``outcome``, if any."""
+    ) -> Change | None:
+        """The store write for an add whose overflow came out as ``outcome``, if any: what
+        to append, what to remove, the window, and what left in the add that brought it."""
         evicted, inserted = outcome
+        passed: list[ChatMessage] = []
         if evicted:
             if self._calibrate:
                 self._gone = {}
@@ -357,16 +359,18 @@ class WindowChatMemory:
             held = window.known
             for m in added:
                 if m.message_id not in held:
-                    # Evicted by the add that brought it: never stored.
+                    # Evicted by the add that brought it: never in the window, and in the
+                    # history of a store that keeps one.
                     batch = {m.message_id for m in added}
+                    passed = [m for m in added if m.message_id not in held]
                     added = [m for m in added if m.message_id in held]
                     evicted = [m for m in evicted if m.message_id not in batch]
                     break
             removed += evicted
         if inserted:
             added += inserted
-        if added or removed:
-            return added, removed, window.snapshot
+        if added or removed or passed:
+            return Change(added, removed, window.snapshot, passed)
         return None
 
     def _setting(self, given: list[ChatMessage]) -> _Steps:
@@ -484,7 +488,7 @@ class WindowChatMemory:
             stored, self._since = self._read(memory_id, self._since)
             return stored
         if op == WRITE:
-            ops.write(store, memory_id, *argument)
+            ops.write(store, memory_id, argument)
         elif op == REPLACE:
             ops.replace(store, memory_id, argument)
         elif op == DELETE:
@@ -568,7 +572,7 @@ class WindowChatMemory:
             stored, self._since = await ops.aread(store, memory_id, self._since)
             return stored
         if op == WRITE:
-            await ops.awrite(store, memory_id, *argument)
+            await ops.awrite(store, memory_id, argument)
         elif op == REPLACE:
             await ops.areplace(store, memory_id, argument)
         else:

@@ -436,16 +436,22 @@ class PostgresChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """In one statement, remove the messages whose id is in ``removed`` (moving them to
-        history with ``keep_history``), then append ``appended`` after every stored message."""
-        op, texts = self._apply_op(memory_id, appended, removed)
+        history with ``keep_history``), then append ``appended`` after every stored message.
+
+        ``history_only`` left the window in the write that brought them: with
+        ``keep_history`` they are recorded in history, as evicted, before ``appended``
+        (in the same transaction).
+        """
+        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only)
         try:
-            self._run(op, transaction=False, write=True)
+            self._run(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
-            raise self._duplicate(memory_id, appended, removed) from None
-        self._cache.remember(texts, appended)
+            raise self._duplicate(memory_id, [*history_only, *appended], removed) from None
+        self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
@@ -551,15 +557,16 @@ class PostgresChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """`apply_changes` for async callers."""
-        op, texts = self._apply_op(memory_id, appended, removed)
+        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only)
         try:
-            await self._arun(op, transaction=False, write=True)
+            await self._arun(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
-            raise self._duplicate(memory_id, appended, removed) from None
-        self._cache.remember(texts, appended)
+            raise self._duplicate(memory_id, [*history_only, *appended], removed) from None
+        self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             await self._apurge_by_retention()
 
@@ -597,8 +604,20 @@ class PostgresChatMemoryStore:
         return (yield _Query(self._sql.read_history, (key, key), fetch=True))
 
     def _apply_op(
-        self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
-    ) -> tuple[_Op, list[str]]:
+        self,
+        memory_id: Hashable,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
+    ) -> tuple[_Op, list[str], bool]:
+        """The write, its messages' texts, and whether it needs a transaction (more than
+        one statement)."""
+        if history_only and self.keep_history:
+            # Appended ahead of the others, then moved to history: numbered in order.
+            op, texts, _ = self._apply_op(memory_id, [*history_only, *appended], removed)
+            ids = [m.message_id for m in history_only]
+            key, _ = _file_key(memory_id)
+            return _then(op, _Query(self._sql.evict, (key, ids))), texts, True
         appended_ids(appended)
         texts = [message_to_json(m) for m in appended]
         key, full = _file_key(memory_id)
@@ -614,8 +633,8 @@ class PostgresChatMemoryStore:
         elif removed:
             query = _Query(s.remove_evict if history else s.remove, (key, list(removed)))
         else:
-            return _nothing(), texts
-        return _single(query), texts
+            return _nothing(), texts, False
+        return _single(query), texts, False
 
     def _update_op(
         self, memory_id: Hashable, messages: Sequence[ChatMessage]
@@ -896,6 +915,11 @@ class PostgresChatMemoryStore:
 
 def _single(query: _Query) -> _Op:
     return (yield query)
+
+
+def _then(op: _Op, query: _Query) -> _Op:
+    yield from op
+    yield query
 
 
 def _nothing() -> _Op:

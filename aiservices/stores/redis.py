@@ -106,7 +106,10 @@ local function remove(seq)
   redis.call('LREM', s, 1, '-')
   return text
 end
-local function append(pairs_from, token)
+-- The first ``passing`` messages (0 if nil) left the window in the write that brought them:
+-- numbered in order with the others, they go to history alone.
+local function append(pairs_from, token, passing)
+  passing = passing or 0
   local count = (#ARGV - pairs_from + 1) / 2
   if redis.call('EXISTS', n) == 0 then
     -- Numbering starts from the clock (microseconds, exact in a Lua number until the year
@@ -120,9 +123,14 @@ local function append(pairs_from, token)
     seq = seq + 1
     -- Written with every digit ('..' would write a number this large with 14).
     local number = string.format('%d', seq)
-    redis.call('RPUSH', w, ARGV[k + 1])
-    redis.call('RPUSH', s, number)
-    redis.call('HSET', x, ARGV[k], number .. ' ' .. token)
+    if passing > 0 then
+      passing = passing - 1
+      to_history(number, ARGV[k + 1])
+    else
+      redis.call('RPUSH', w, ARGV[k + 1])
+      redis.call('RPUSH', s, number)
+      redis.call('HSET', x, ARGV[k], number .. ' ' .. token)
+    end
   end
 end
 -- Whether a write comes too late: the call that sent it stops waiting at the deadline
@@ -169,16 +177,19 @@ return {seqs, texts, redis.call('TIME'), held}
 """
 
 # ARGV: keep_history (0/1), ttl in ms (0: none), deadline, token, the number of removed ids,
-# the removed ids, then id, message, id, message, ... for the appended ones.
+# the removed ids, the number of appended messages that go to history alone (keep_history
+# only), then id, message, id, message, ... for the appended ones.
 # Returns 'ok'; 'applied' when the same write (its token) was applied before, as when the
 # client sends it again after losing the reply; 'late' past the deadline, or
 # {'duplicate', message_id}, changing nothing.
 _APPLY = """
 local keep, ttl, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[4]
 local last_removed = 5 + tonumber(ARGV[5])
+local passing = tonumber(ARGV[last_removed + 1])
+local first_pair = last_removed + 2
 local removing = {}
 for k = 6, last_removed do removing[ARGV[k]] = true end
-for k = last_removed + 1, #ARGV, 2 do
+for k = first_pair + 2 * passing, #ARGV, 2 do
   if not removing[ARGV[k]] then
     local entry = redis.call('HGET', x, ARGV[k])
     if entry then
@@ -197,7 +208,7 @@ for k = 6, last_removed do
     redis.call('HDEL', x, ARGV[k])
   end
 end
-if #ARGV > last_removed then append(last_removed + 1, token) end
+if #ARGV > last_removed + 1 then append(first_pair, token, passing) end
 finish(ttl)
 return 'ok'
 """
@@ -501,16 +512,19 @@ class RedisChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """In one script, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message.
 
-        Sent again after a lost reply (redis-py retries on connection errors), the same call
-        is recognised and not applied twice.
+        ``history_only`` left the window in the write that brought them: with
+        ``keep_history`` they are recorded in history, as evicted, before ``appended``. Sent
+        again after a lost reply (redis-py retries on connection errors), the same call is
+        recognised and not applied twice.
         """
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed)
+        args, texts = _apply_args(appended, removed, history_only if self.keep_history else ())
         deadline = self._deadline(keys, started)
         result = self._call(_APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
         self._applied(memory_id, result, appended, texts)
@@ -597,16 +611,21 @@ class RedisChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """`apply_changes` for async callers."""
         client = self._aclient()
         if client is None:
             return await asyncio.to_thread(
-                self.apply_changes, memory_id, appended=appended, removed=removed
+                self.apply_changes,
+                memory_id,
+                appended=appended,
+                removed=removed,
+                history_only=history_only,
             )
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed)
+        args, texts = _apply_args(appended, removed, history_only if self.keep_history else ())
         deadline = await self._adeadline(client, keys, started)
         result = await self._acall(client, _APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
         self._applied(memory_id, result, appended, texts)
@@ -892,7 +911,7 @@ class RedisChatMemoryStore:
         if isinstance(result, list):
             raise duplicate_id_error(_text(result[1]), memory_id)
         self._check_in_time(_text(result), memory_id, "apply_changes")
-        self._cache.remember(texts, appended)
+        self._cache.remember(texts[len(texts) - len(appended) :], appended)
 
     def _update_args(
         self, memory_id: Hashable, messages: Sequence[ChatMessage]
@@ -1004,13 +1023,17 @@ _PLAN_TRIES = 20  # writers changing the window between a plan and its execution
 
 
 def _apply_args(
-    appended: Sequence[ChatMessage], removed: Collection[str]
+    appended: Sequence[ChatMessage],
+    removed: Collection[str],
+    history_only: Sequence[ChatMessage] = (),
 ) -> tuple[list[Any], list[str]]:
-    """The arguments of ``_APPLY`` after the flags and the deadline, and the texts appended."""
-    new_ids = appended_ids(appended)
-    texts = [message_to_json(m) for m in appended]
+    """The arguments of ``_APPLY`` after the flags and the deadline, and the texts appended
+    (``history_only``'s first)."""
+    every = [*history_only, *appended] if history_only else appended
+    new_ids = appended_ids(every)
+    texts = [message_to_json(m) for m in every]
     # 96 random bits: one write's token is never taken for another's.
-    args: list[Any] = [secrets.token_urlsafe(12), len(removed), *removed]
+    args: list[Any] = [secrets.token_urlsafe(12), len(removed), *removed, len(history_only)]
     for mid, text in zip(new_ids, texts, strict=True):
         args += (mid, text)
     return args, texts

@@ -42,7 +42,7 @@ import time
 import weakref
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar, Final, Literal, Self
+from typing import Any, ClassVar, Final, Literal, Self
 
 from ..messages import ChatMessage, message_to_json
 from ._base import memory_id_of, store_key
@@ -345,9 +345,14 @@ class SqliteChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """In one transaction, remove the messages whose id is in ``removed`` (moving them to
-        history with ``keep_history``), then append ``appended`` after every stored message."""
+        history with ``keep_history``), then append ``appended`` after every stored message.
+
+        ``history_only`` left the window in the write that brought them: with
+        ``keep_history`` they are recorded in history, as evicted, before ``appended``.
+        """
         key = _key(memory_id)
         appended_ids(appended)
         conn = self._connection()
@@ -358,6 +363,12 @@ class SqliteChatMemoryStore:
             last = self._last_seq(conn, key)
             if removed:
                 self._evict(conn, key, list(removed))
+            if history_only and self.keep_history:
+                appended_ids(history_only)
+                when = _now()
+                rows = self._rows(key, history_only, None, last=last)
+                conn.executemany(self._sql.insert_history, [(*row, when) for row in rows])
+                last += len(history_only)
             if appended:
                 self._append(conn, memory_id, key, appended, None, last=last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
@@ -432,10 +443,11 @@ class SqliteChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
+        history_only: Sequence[ChatMessage] = (),
     ) -> None:
         """`apply_changes` on the store's thread: if the caller is cancelled, a call
         that has not started never runs, and one that has is waited for."""
-        await self._io().run(self._apply, memory_id, appended, removed)
+        await self._io().run(self._apply, memory_id, appended, removed, history_only)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """`update_messages` on the store's thread."""
@@ -454,9 +466,13 @@ class SqliteChatMemoryStore:
         await self._io().run(self.forget, memory_id)
 
     def _apply(
-        self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
+        self,
+        memory_id: Hashable,
+        appended: Sequence[ChatMessage],
+        removed: Collection[str],
+        history_only: Sequence[ChatMessage],
     ) -> None:
-        self.apply_changes(memory_id, appended=appended, removed=removed)
+        self.apply_changes(memory_id, appended=appended, removed=removed, history_only=history_only)
 
     def _io(self) -> IoThread:
         if self._closed:
@@ -602,21 +618,9 @@ class SqliteChatMemoryStore:
         last: int,
     ) -> None:
         sql = self._sql
-        stored_at = time.time()
         if texts is None:
             texts = [message_to_json(m) for m in messages]
-        rows = [
-            (
-                key,
-                last + i,
-                m.message_id,
-                m.turn_id,
-                None if m.created_at is None else m.created_at.isoformat(),
-                stored_at,
-                text,
-            )
-            for i, (m, text) in enumerate(zip(messages, texts, strict=True), 1)
-        ]
+        rows = self._rows(key, messages, texts, last=last)
         try:
             conn.executemany(sql.insert, rows)
             self._cache.remember(texts, messages)
@@ -628,6 +632,31 @@ class SqliteChatMemoryStore:
                 (m.message_id for m in messages if m.message_id in stored), messages[0].message_id
             )
             raise duplicate_id_error(clash, memory_id) from None
+
+    @staticmethod
+    def _rows(
+        key: str | bytes,
+        messages: Sequence[ChatMessage],
+        texts: Sequence[str] | None,
+        *,
+        last: int,
+    ) -> list[tuple[Any, ...]]:
+        """The rows of ``messages``, numbered after ``last``."""
+        stored_at = time.time()
+        if texts is None:
+            texts = [message_to_json(m) for m in messages]
+        return [
+            (
+                key,
+                last + i,
+                m.message_id,
+                m.turn_id,
+                None if m.created_at is None else m.created_at.isoformat(),
+                stored_at,
+                text,
+            )
+            for i, (m, text) in enumerate(zip(messages, texts, strict=True), 1)
+        ]
 
 
 class _Statements:
@@ -641,6 +670,7 @@ class _Statements:
         "forget_history",
         "idle_keys",
         "insert",
+        "insert_history",
         "keys",
         "last_seq",
         "read",
@@ -694,6 +724,9 @@ class _Statements:
             "ORDER BY seq DESC LIMIT 1), -1))"
         )
         self.insert = f"INSERT INTO {table} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        self.insert_history = (
+            f"INSERT INTO {history} ({_COLUMNS}, evicted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
         self.delete_one = f"DELETE FROM {table} WHERE memory_key = ? AND message_id = ?"
         self.delete_all = f"DELETE FROM {table} WHERE memory_key = ?"
         self.evict_one = (

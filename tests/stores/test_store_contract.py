@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aiservices import MessageWindowChatMemory
 from aiservices.messages import (
     AiMessage,
     ChatMessage,
@@ -519,6 +520,53 @@ def test_history_marks_evicted_messages_and_keeps_order(history_store: Any) -> N
         assert entry.evicted_at is not None
         assert before - timedelta(seconds=1) <= entry.evicted_at <= datetime.now(UTC)
     assert all(e.evicted_at is None for e in history[90:])
+
+
+def test_messages_a_turn_evicts_at_once_reach_history_in_order(history_store: Any) -> None:
+    # A turn longer than the window: its first messages leave in the write that brings them.
+    memory = MessageWindowChatMemory(2, id="c", store=history_store)
+    memory.add(user("before"))
+    call = ToolExecutionRequest("t1", "lookup", "{}")
+    memory.add(
+        user("q"),
+        AiMessage(tool_execution_requests=[call]),
+        ToolExecutionResultMessage("t1", "lookup", "found"),
+        AiMessage("answer"),
+    )
+    assert texts(memory.messages()) == ["answer"]
+    assert history_view(history_store.get_history("c")) == [
+        ("before", True),
+        ("q", True),
+        (None, True),
+        ("found", True),
+        ("answer", False),
+    ]
+    memory.add(user("next"))
+    assert [e.message.text for e in history_store.get_history("c")][-2:] == ["answer", "next"]
+
+
+async def test_messages_an_async_turn_evicts_at_once_reach_history(history_store: Any) -> None:
+    memory = MessageWindowChatMemory(1, id="c", store=history_store)
+    try:
+        await memory.aadd(user("q"), AiMessage("a"))
+        assert texts(await memory.amessages()) == ["a"]
+        history = await history_store.aget_history("c")
+        assert history_view(history) == [("q", True), ("a", False)]
+    finally:
+        close = getattr(history_store, "aclose", None)
+        if close is not None:
+            await close()  # the async clients belong to this test's event loop
+
+
+def test_messages_a_turn_evicts_at_once_are_not_stored_without_history(
+    backend: OpenedBackend,
+) -> None:
+    store = backend.open()
+    memory = MessageWindowChatMemory(1, id="c", store=store)
+    memory.add(user("q"), AiMessage("a"))
+    assert texts(store.get_messages("c")) == ["a"]
+    if backend.spec.history:
+        assert history_view(store.get_history("c")) == [("a", False)]
 
 
 def test_history_keeps_metadata(history_store: Any) -> None:
