@@ -191,11 +191,14 @@ class SqliteChatMemoryStore:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
         self.retention = check_retention(retention)
         self.path = raw
+        # Every thread opens the file by this path: a relative one would follow the working
+        # directory, and a thread started after a chdir would make a second database.
+        self._file = os.path.abspath(raw)
         self.keep_history = keep_history
         self.table = table
         self._timeout = timeout
         self._synchronous = synchronous
-        self._shared = _process.shared_for(os.path.realpath(raw))
+        self._shared = _process.shared_for(os.path.realpath(self._file))
         self._local = threading.local()
         self._holders: weakref.WeakSet[_Holder] = weakref.WeakSet()
         self._holders_lock = threading.Lock()
@@ -229,15 +232,16 @@ class SqliteChatMemoryStore:
     def _connect(self) -> sqlite3.Connection:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
-        if not os.access(self.path, os.R_OK | os.W_OK) and os.path.isfile(self.path):
+        path = self._file
+        if not os.access(path, os.R_OK | os.W_OK) and os.path.isfile(path):
             # SQLite would open it read-only, and fail only at the first write.
-            raise _open_error(self.path, None)
+            raise _open_error(path, None)
         try:
             conn = sqlite3.connect(
-                self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+                path, timeout=self._timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.OperationalError as exc:
-            raise _open_error(self.path, exc) from exc
+            raise _open_error(path, exc) from exc
         try:
             # The first statements read the file and create the WAL beside it: where a file
             # that can't be opened, or a directory that can't be written, shows.
@@ -248,7 +252,7 @@ class SqliteChatMemoryStore:
             conn.close()
             if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _OPEN_ERRORS:
                 raise
-            raise _open_error(self.path, exc) from exc
+            raise _open_error(path, exc) from exc
         except BaseException:
             conn.close()
             raise
@@ -602,6 +606,7 @@ class SqliteChatMemoryStore:
 
     def _evict(self, conn: sqlite3.Connection, key: str | bytes, message_ids: list[str]) -> None:
         sql = self._sql
+        message_ids = list(dict.fromkeys(message_ids))  # an id given twice is removed once
         if self.keep_history:
             when = _now()
             conn.executemany(sql.evict_one, [(key, mid, when) for mid in message_ids])
@@ -627,10 +632,14 @@ class SqliteChatMemoryStore:
         except sqlite3.IntegrityError as exc:
             if "message_id" not in str(exc):
                 raise
-            stored = {mid for (mid,) in conn.execute(sql.read_ids_only, (key,))}
+            # The rows inserted before the clash are visible here: the clash is the first
+            # message stored under another number than the one it was given.
+            numbered = dict(conn.execute(sql.read_ids_with_seq, (key,)).fetchall())
             clash = next(
-                (m.message_id for m in messages if m.message_id in stored), messages[0].message_id
-            )
+                (m.message_id for m, row in zip(messages, rows, strict=True)
+                 if numbered.get(m.message_id, row[1]) != row[1]),
+                messages[0].message_id,
+            )  # fmt: skip
             raise duplicate_id_error(clash, memory_id) from None
 
     @staticmethod
@@ -676,6 +685,7 @@ class _Statements:
         "read",
         "read_history",
         "read_ids_only",
+        "read_ids_with_seq",
         "read_since",
         "read_window",
         "schema",
@@ -705,6 +715,7 @@ class _Statements:
             f"SELECT message_id, message FROM {table} WHERE memory_key = ? ORDER BY seq"
         )
         self.read_ids_only = f"SELECT message_id FROM {table} WHERE memory_key = ?"
+        self.read_ids_with_seq = f"SELECT message_id, seq FROM {table} WHERE memory_key = ?"
         # Rows at or below ?2 were read before: their text is not fetched again.
         self.read_since = (
             f"SELECT seq, message_id, CASE WHEN seq > ?2 THEN message END FROM {table} "
@@ -812,6 +823,13 @@ def _key_text(key: str | bytes) -> str:
 _OPEN_ERRORS: Final = frozenset({3, 8, 14, 26})
 
 
+def _read_only_mount(folder: str) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        return False
+
+
 def _open_error(path: str, error: sqlite3.DatabaseError | None) -> sqlite3.OperationalError:
     """The error for a database file that can't be opened for reading and writing: what
     SQLite said (``error``; ``None``: the file is read-only), with the path and why."""
@@ -825,6 +843,11 @@ def _open_error(path: str, error: sqlite3.DatabaseError | None) -> sqlite3.Opera
     elif not os.path.isdir(folder):
         what = "is not a directory" if os.path.exists(folder) else "does not exist"
         reason = f"directory {folder!r} {what}; create it first, or pass another path"
+    elif _read_only_mount(folder):
+        reason = (
+            f"the file system of {folder!r} is mounted read-only; pass a path on one that can "
+            "be written"
+        )
     elif os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
         reason = "no permission to read and write it; change its permissions or pass another path"
     elif not os.access(folder, os.W_OK | os.X_OK):

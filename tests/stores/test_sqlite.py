@@ -411,3 +411,38 @@ def test_a_store_used_before_fork_works_in_the_child(store: SqliteChatMemoryStor
     assert child.exitcode == 0
     store.apply_changes("c", appended=[user("parent again")], removed=[])
     assert texts(store.get_messages("c")) == ["from the parent", "from the child", "parent again"]
+
+
+def test_a_relative_path_stays_the_same_file_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    store = SqliteChatMemoryStore("chat.db")
+    store.update_messages("c", [user("hi")])
+    monkeypatch.chdir(second)
+    found: list[list[str]] = []
+    # A thread opens its own connection: by the path the store was made with.
+    reader = threading.Thread(target=lambda: found.append(texts(store.get_messages("c"))))
+    reader.start()
+    reader.join()
+    assert found == [["hi"]]
+    assert not (second / "chat.db").exists()
+    store.close()
+
+
+def test_a_file_system_mounted_read_only_is_named_as_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiservices.stores import sqlite as module
+
+    path = tmp_path / "c.db"
+    SqliteChatMemoryStore(path).close()
+    path.chmod(0o444)
+    # Mounting needs privileges a test does not have: the mount's flag is what is faked.
+    monkeypatch.setattr(module, "_read_only_mount", lambda folder: folder == str(tmp_path))
+    error = module._open_error(str(path), None)
+    assert "mounted read-only" in str(error)
+    assert "change its permissions" not in str(error)

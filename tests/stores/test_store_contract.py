@@ -223,6 +223,27 @@ def test_duplicate_message_ids_are_refused_and_change_nothing(store: Any) -> Non
     assert dumps(store.get_messages("c")) == dumps([a, b])
 
 
+def test_a_duplicate_after_new_messages_is_the_one_named(store: Any) -> None:
+    stored = user("stored")
+    store.apply_changes("c", appended=[stored], removed=[])
+    fresh, twin = user("fresh"), user("twin", message_id=stored.message_id)
+    with pytest.raises(ValueError, match="appears twice") as info:
+        store.apply_changes("c", appended=[fresh, twin], removed=[])
+    assert repr(stored.message_id) in str(info.value)
+    assert fresh.message_id not in str(info.value)
+    assert dumps(store.get_messages("c")) == dumps([stored])
+
+
+def test_an_id_removed_twice_in_one_call_is_removed_once(backend: OpenedBackend) -> None:
+    store = backend.open(keep_history=True) if backend.spec.history else backend.open()
+    a, b = user("a"), user("b")
+    store.apply_changes("c", appended=[a, b], removed=[])
+    store.apply_changes("c", appended=[user("c")], removed=[a.message_id, a.message_id])
+    assert texts(store.get_messages("c")) == ["b", "c"]
+    if backend.spec.history:
+        assert history_view(store.get_history("c")) == [("a", True), ("b", False), ("c", False)]
+
+
 # -- update_messages that reorders or replaces ---------------------------------------------
 
 
