@@ -41,6 +41,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, Self
 
@@ -206,6 +207,7 @@ class SqliteChatMemoryStore:
         self._sql = _Statements(table)
         self._cache = MessageCache()
         self._io_thread = IoThread(f"aiservices-sqlite:{os.path.basename(raw)}")
+        self._read_thread = IoThread(f"aiservices-sqlite-read:{os.path.basename(raw)}")
         self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
         # Opens the file and checks or creates the schema now; the limit is read once, so
         # that checking an id never opens a connection (on an event loop's thread, say).
@@ -262,12 +264,37 @@ class SqliteChatMemoryStore:
             self._holders.add(holder)
         return conn
 
+    @contextmanager
+    def _writing(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """A write transaction on ``conn``, begun within the store's ``timeout``.
+
+        The writers of this process queue on one lock, then SQLite waits on other
+        processes' writes: both waits come out of one ``timeout``, however many writers
+        are queued ahead.
+        """
+        timeout = self._timeout
+        lock = self._shared.write_lock
+        deadline = time.monotonic() + timeout
+        if not lock.acquire(timeout=timeout):
+            raise _locked(self.path, timeout, "other writers of this process")
+        try:
+            # In steps of 50 ms, so that a connection's setting changes only after a wait.
+            left = max(0, round((deadline - time.monotonic()) * 20)) * 50
+            local = self._local
+            if getattr(local, "busy_ms", None) != left:
+                conn.execute(f"PRAGMA busy_timeout = {left}")
+                local.busy_ms = left
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                yield
+        finally:
+            lock.release()
+
     def _check_schema(self, conn: sqlite3.Connection) -> None:
         sql = self._sql
         version = _schema_version(conn, sql.schema)
         if version is None:
-            with self._shared.write_lock, conn:
-                conn.execute("BEGIN IMMEDIATE")
+            with self._writing(conn):
                 version = _schema_version(conn, sql.schema)
                 if version is None:
                     if _table_exists(conn, self.table):
@@ -295,6 +322,7 @@ class SqliteChatMemoryStore:
     def close(self) -> None:
         """Close every connection this store opened; using it afterwards is an error."""
         self._io_thread.close()  # the async calls already queued run first
+        self._read_thread.close()
         self._closed = True
         with self._holders_lock:
             holders = list(self._holders)
@@ -360,8 +388,7 @@ class SqliteChatMemoryStore:
         key = _key(memory_id)
         appended_ids(appended)
         conn = self._connection()
-        with self._shared.write_lock, conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._writing(conn):
             # Numbered after the rows removed too: a number is never given twice while the
             # conversation has rows, so a reader's mark never meets another message.
             last = self._last_seq(conn, key)
@@ -401,8 +428,7 @@ class SqliteChatMemoryStore:
         texts = [message_to_json(m) for m in new]
         wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
         conn = self._connection()
-        with self._shared.write_lock, conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._writing(conn):
             last = self._last_seq(conn, key)
             stored = conn.execute(self._sql.read_window, (key,)).fetchall()
             plan = plan_update(stored, wanted)
@@ -421,25 +447,26 @@ class SqliteChatMemoryStore:
         key = _key(memory_id)
         conn = self._connection()
         sql = self._sql
-        with self._shared.write_lock, conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._writing(conn):
             if self.keep_history:
                 conn.execute(sql.evict_all, (key, _now()))
             conn.execute(sql.delete_all, (key,))
 
     # -- the same, for async callers ------------------------------------------------------
-    # Run in order on this store's own thread (see _io_thread): while it is busy, calls
+    # Run in order on this store's own threads (see _io_thread): while one is busy, calls
     # queue without a thread wake-up each, and their results reach the event loop together.
+    # Reads have a thread of their own: in WAL mode they never wait for a write, and must
+    # not queue behind writes that wait for another process's.
 
     async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
-        """`get_messages` on the store's thread."""
-        return await self._io().run(self.get_messages, memory_id)
+        """`get_messages` on the store's reading thread."""
+        return await self._io(reading=True).run(self.get_messages, memory_id)
 
     async def aget_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """`get_messages_since` on the store's thread."""
-        return await self._io().run(self.get_messages_since, memory_id, since)
+        """`get_messages_since` on the store's reading thread."""
+        return await self._io(reading=True).run(self.get_messages_since, memory_id, since)
 
     async def aapply_changes(
         self,
@@ -462,8 +489,8 @@ class SqliteChatMemoryStore:
         await self._io().run(self.delete_messages, memory_id)
 
     async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
-        """`get_history` on the store's thread."""
-        return await self._io().run(self.get_history, memory_id)
+        """`get_history` on the store's reading thread."""
+        return await self._io(reading=True).run(self.get_history, memory_id)
 
     async def aforget(self, memory_id: Hashable) -> None:
         """`forget` on the store's thread."""
@@ -478,10 +505,10 @@ class SqliteChatMemoryStore:
     ) -> None:
         self.apply_changes(memory_id, appended=appended, removed=removed, history_only=history_only)
 
-    def _io(self) -> IoThread:
+    def _io(self, *, reading: bool = False) -> IoThread:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
-        return self._io_thread
+        return self._read_thread if reading else self._io_thread
 
     # -- history -------------------------------------------------------------------------
 
@@ -513,8 +540,7 @@ class SqliteChatMemoryStore:
         key = _key(memory_id)
         conn = self._connection()
         sql = self._sql
-        with self._shared.write_lock, conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._writing(conn):
             conn.execute(sql.delete_all, (key,))
             conn.execute(sql.forget_history, (key,))
 
@@ -565,8 +591,7 @@ class SqliteChatMemoryStore:
         evicted_before = cutoff.isoformat(timespec="microseconds")
         conn = self._connection()
         sql = self._sql
-        with self._shared.write_lock, conn:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._writing(conn):
             keys = [
                 (key,) for (key,) in conn.execute(sql.idle_keys, (stored_before, evicted_before))
             ]
@@ -821,6 +846,16 @@ def _key_text(key: str | bytes) -> str:
 # SQLite's result codes for a file it can't open or write: SQLITE_PERM, SQLITE_READONLY,
 # SQLITE_CANTOPEN, SQLITE_NOTADB.
 _OPEN_ERRORS: Final = frozenset({3, 8, 14, 26})
+
+
+def _locked(path: str, timeout: float, by: str) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(
+        f"database is locked: {by} held {path!r} for the whole timeout ({timeout:g} s); "
+        "try again, or make the store with a larger timeout="
+    )
+    error.sqlite_errorcode = 5
+    error.sqlite_errorname = "SQLITE_BUSY"
+    return error
 
 
 def _read_only_mount(folder: str) -> bool:

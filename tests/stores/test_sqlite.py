@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import multiprocessing
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -446,3 +448,56 @@ def test_a_file_system_mounted_read_only_is_named_as_the_reason(
     error = module._open_error(str(path), None)
     assert "mounted read-only" in str(error)
     assert "change its permissions" not in str(error)
+
+
+def test_writers_queued_behind_another_process_each_wait_one_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SqliteChatMemoryStore(path, timeout=1.0)
+    other = sqlite3.connect(path, isolation_level=None)  # as another process's write would
+    other.execute("BEGIN IMMEDIATE")
+    waited: list[float] = []
+    errors: list[str] = []
+
+    def write(i: int) -> None:
+        started = time.monotonic()
+        try:
+            store.apply_changes(f"user{i}", appended=[user("hi")], removed=[])
+        except sqlite3.OperationalError as exc:
+            errors.append(str(exc))
+        waited.append(time.monotonic() - started)
+
+    writers = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    other.rollback()
+    other.close()
+    assert len(errors) == 4
+    assert all("database is locked" in error for error in errors)
+    # One timeout each, not one more for every writer queued ahead (4 s for the last).
+    assert max(waited) < 2.0
+    store.close()
+
+
+async def test_async_reads_do_not_queue_behind_writes_waiting_on_a_lock(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SqliteChatMemoryStore(path, timeout=2.0)
+    store.update_messages("other", [user("readable")])
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        writes = [
+            asyncio.ensure_future(store.aapply_changes(f"u{i}", appended=[user("x")], removed=[]))
+            for i in range(2)
+        ]
+        await asyncio.sleep(0.05)  # the writes are queued, the first waiting on the lock
+        started = time.monotonic()
+        assert texts(await store.aget_messages("other")) == ["readable"]
+        assert time.monotonic() - started < 1.0  # not after the writes' 2 s waits
+    finally:
+        holder.rollback()
+        holder.close()
+    await asyncio.gather(*writes)
+    assert texts(store.get_messages("u1")) == ["x"]
+    await store.aclose()
