@@ -73,6 +73,9 @@ _log = logging.getLogger("aiservices.stores")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "memory_key, seq, message_id, turn_id, created_at, stored_at, message"
+# Seconds a write may run on the store's thread before async reads stop queuing behind it
+# (a write takes well under a millisecond unless it waits on a lock).
+_STALLED: Final = 0.05
 
 
 class _Shared:
@@ -208,6 +211,8 @@ class SqliteChatMemoryStore:
         self._cache = MessageCache()
         self._io_thread = IoThread(f"aiservices-sqlite:{os.path.basename(raw)}")
         self._read_thread = IoThread(f"aiservices-sqlite-read:{os.path.basename(raw)}")
+        # While the store's thread runs a write: when reads stop queuing behind it.
+        self._stalled_after = 0.0
         self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
         # Opens the file and checks or creates the schema now; the limit is read once, so
         # that checking an id never opens a connection (on an event loop's thread, say).
@@ -274,8 +279,8 @@ class SqliteChatMemoryStore:
         """
         timeout = self._timeout
         lock = self._shared.write_lock
-        deadline = time.monotonic() + timeout
-        if not lock.acquire(timeout=timeout):
+        deadline = getattr(self._local, "deadline", None) or time.monotonic() + timeout
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise _locked(self.path, timeout, "other writers of this process")
         try:
             # In steps of 50 ms, so that a connection's setting changes only after a wait.
@@ -453,20 +458,21 @@ class SqliteChatMemoryStore:
             conn.execute(sql.delete_all, (key,))
 
     # -- the same, for async callers ------------------------------------------------------
-    # Run in order on this store's own threads (see _io_thread): while one is busy, calls
+    # Run in order on this store's own thread (see _io_thread): while it is busy, calls
     # queue without a thread wake-up each, and their results reach the event loop together.
-    # Reads have a thread of their own: in WAL mode they never wait for a write, and must
-    # not queue behind writes that wait for another process's.
+    # A write's timeout counts from when it was queued. In WAL mode a read never waits for
+    # a write: while the thread's write has been waiting on a lock for a while, reads go to
+    # a second thread rather than queue behind it.
 
     async def aget_messages(self, memory_id: Hashable) -> list[ChatMessage]:
-        """`get_messages` on the store's reading thread."""
-        return await self._io(reading=True).run(self.get_messages, memory_id)
+        """`get_messages` on the store's thread."""
+        return await self._reader().run(self.get_messages, memory_id)
 
     async def aget_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """`get_messages_since` on the store's reading thread."""
-        return await self._io(reading=True).run(self.get_messages_since, memory_id, since)
+        """`get_messages_since` on the store's thread."""
+        return await self._reader().run(self.get_messages_since, memory_id, since)
 
     async def aapply_changes(
         self,
@@ -478,23 +484,23 @@ class SqliteChatMemoryStore:
     ) -> None:
         """`apply_changes` on the store's thread: if the caller is cancelled, a call
         that has not started never runs, and one that has is waited for."""
-        await self._io().run(self._apply, memory_id, appended, removed, history_only)
+        await self._write(self._apply, memory_id, appended, removed, history_only)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """`update_messages` on the store's thread."""
-        await self._io().run(self.update_messages, memory_id, messages)
+        await self._write(self.update_messages, memory_id, messages)
 
     async def adelete_messages(self, memory_id: Hashable) -> None:
         """`delete_messages` on the store's thread."""
-        await self._io().run(self.delete_messages, memory_id)
+        await self._write(self.delete_messages, memory_id)
 
     async def aget_history(self, memory_id: Hashable) -> list[HistoryEntry]:
         """`get_history` on the store's reading thread."""
-        return await self._io(reading=True).run(self.get_history, memory_id)
+        return await self._reader().run(self.get_history, memory_id)
 
     async def aforget(self, memory_id: Hashable) -> None:
         """`forget` on the store's thread."""
-        await self._io().run(self.forget, memory_id)
+        await self._write(self.forget, memory_id)
 
     def _apply(
         self,
@@ -505,10 +511,29 @@ class SqliteChatMemoryStore:
     ) -> None:
         self.apply_changes(memory_id, appended=appended, removed=removed, history_only=history_only)
 
-    def _io(self, *, reading: bool = False) -> IoThread:
+    def _io(self) -> IoThread:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
-        return self._read_thread if reading else self._io_thread
+        return self._io_thread
+
+    def _reader(self) -> IoThread:
+        thread = self._io()
+        stalled = self._stalled_after
+        return self._read_thread if stalled and time.monotonic() > stalled else thread
+
+    async def _write(self, function: Callable[..., None], *args: Any) -> None:
+        await self._io().run(self._timed, time.monotonic() + self._timeout, function, args)
+
+    def _timed(self, deadline: float, function: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """``function(*args)`` on the store's thread, its writes begun by ``deadline``."""
+        local = self._local
+        local.deadline = deadline
+        self._stalled_after = time.monotonic() + _STALLED
+        try:
+            function(*args)
+        finally:
+            self._stalled_after = 0.0
+            local.deadline = None
 
     # -- history -------------------------------------------------------------------------
 

@@ -491,7 +491,7 @@ async def test_async_reads_do_not_queue_behind_writes_waiting_on_a_lock(tmp_path
             asyncio.ensure_future(store.aapply_changes(f"u{i}", appended=[user("x")], removed=[]))
             for i in range(2)
         ]
-        await asyncio.sleep(0.05)  # the writes are queued, the first waiting on the lock
+        await asyncio.sleep(0.2)  # the writes are queued, the first waiting on the lock
         started = time.monotonic()
         assert texts(await store.aget_messages("other")) == ["readable"]
         assert time.monotonic() - started < 1.0  # not after the writes' 2 s waits
@@ -500,4 +500,24 @@ async def test_async_reads_do_not_queue_behind_writes_waiting_on_a_lock(tmp_path
         holder.close()
     await asyncio.gather(*writes)
     assert texts(store.get_messages("u1")) == ["x"]
+    await store.aclose()
+
+
+async def test_async_writes_queued_behind_a_lock_each_wait_one_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SqliteChatMemoryStore(path, timeout=1.0)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    try:
+        results = await asyncio.gather(
+            *(store.aapply_changes(f"u{i}", appended=[user("x")], removed=[]) for i in range(3)),
+            return_exceptions=True,
+        )
+    finally:
+        holder.rollback()
+        holder.close()
+    assert all(isinstance(r, sqlite3.OperationalError) for r in results), results
+    # Each timeout counts from when its call was queued, not from when the thread took it.
+    assert time.monotonic() - started < 2.0
     await store.aclose()
