@@ -345,16 +345,21 @@ async def settled(write: Coroutine[Any, Any, Any]) -> Any:
     of its own, the conversation's lock stays held until it has finished, and the caller
     gets its outcome: the answer when the turn was written, the store's error when not.
     """
-    task, _ = await to_the_end(write)
+    task, _ = await to_the_end(write, absorb=True)
     # Cancelled itself (its loop is closing), the write raises CancelledError: nothing landed.
     return task.result()
 
 
 async def to_the_end(
-    work: Coroutine[Any, Any, Any],
+    work: Coroutine[Any, Any, Any], *, absorb: bool = False
 ) -> tuple[asyncio.Task[Any], BaseException | None]:
     """Run ``work`` as a task of its own and wait for its end, even when cancelled meanwhile;
-    the ended task, and the cancellation that came meanwhile, if one did."""
+    the ended task, and the cancellation that came meanwhile, if one did.
+
+    With ``absorb``, the caller will not raise that cancellation: the current task's count
+    of pending cancellations is taken back down, so that an ``asyncio.timeout`` around the
+    caller that expires later still raises ``TimeoutError``, not ``CancelledError``.
+    """
     import asyncio
 
     task = asyncio.ensure_future(work)
@@ -364,4 +369,7 @@ async def to_the_end(
             await asyncio.wait((task,))  # (which never cancels the task it waits for)
         except asyncio.CancelledError as stopped:
             cancelled = stopped
+            current = asyncio.current_task() if absorb else None
+            if current is not None:
+                current.uncancel()
     return task, cancelled

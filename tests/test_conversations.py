@@ -308,6 +308,43 @@ def test_a_call_cancelled_while_an_async_store_writes_waits_for_the_write() -> N
     assert second == "You said 42."
 
 
+def test_a_cancellation_absorbed_by_the_write_leaves_the_task_not_cancelling() -> None:
+    # The call returns normally, so the cancellation it absorbed is taken back: an
+    # asyncio.timeout around it that expires later raises TimeoutError, not CancelledError.
+    async def main() -> list[Any]:
+        store = NativeAsyncStore()
+        bot = ai_service(
+            AsyncBot,
+            model=ScriptedChatModel("Noted."),
+            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+        )
+        seen: list[Any] = []
+
+        async def worker() -> None:
+            try:
+                async with asyncio.timeout(0.5):
+                    seen.append(await bot.chat("alice", "hi"))
+                    current = asyncio.current_task()
+                    assert current is not None
+                    seen.append(current.cancelling())
+                    await asyncio.sleep(5)  # overruns the deadline
+            except TimeoutError:
+                seen.append("TimeoutError")
+
+        task = asyncio.ensure_future(worker())
+        await store.writing.wait()
+        task.cancel()  # lands while the turn is being written
+        await asyncio.sleep(0.01)
+        store.go_on.set()
+        try:
+            await task
+        except asyncio.CancelledError:
+            seen.append("CancelledError")
+        return seen
+
+    assert asyncio.run(main()) == ["Noted.", 0, "TimeoutError"]
+
+
 def test_a_call_cancelled_before_its_write_records_nothing() -> None:
     class SlowModel:
         def __init__(self) -> None:
