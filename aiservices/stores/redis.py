@@ -616,12 +616,9 @@ class RedisChatMemoryStore:
         """`apply_changes` for async callers."""
         client = self._aclient()
         if client is None:
+            more = {"history_only": history_only} if history_only else {}
             return await asyncio.to_thread(
-                self.apply_changes,
-                memory_id,
-                appended=appended,
-                removed=removed,
-                history_only=history_only,
+                self.apply_changes, memory_id, appended=appended, removed=removed, **more
             )
         started = time.monotonic()
         keys = self.keys(memory_id)

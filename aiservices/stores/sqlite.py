@@ -509,7 +509,12 @@ class SqliteChatMemoryStore:
         removed: Collection[str],
         history_only: Sequence[ChatMessage],
     ) -> None:
-        self.apply_changes(memory_id, appended=appended, removed=removed, history_only=history_only)
+        if history_only:
+            self.apply_changes(
+                memory_id, appended=appended, removed=removed, history_only=history_only
+            )
+        else:  # as a subclass that overrides apply_changes without history_only takes it
+            self.apply_changes(memory_id, appended=appended, removed=removed)
 
     def _io(self) -> IoThread:
         if self._closed:
