@@ -256,14 +256,11 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             kwargs["system"] = system
         tools = cached_each(self._tool_cache, request.tools, _to_anthropic_tool)
         output_tool: str | None = None
+        native: dict[str, Any] | None = None
         fmt = request.response_format
         if fmt is not None and self._structured_output != "off":
             if self._structured_output == "native" and fmt.strict:
-                _put(
-                    kwargs,
-                    "output_config",
-                    {"format": {"type": "json_schema", "schema": self._native_schema(fmt)}},
-                )
+                native = {"type": "json_schema", "schema": self._native_schema(fmt)}
             else:
                 output_tool = _output_tool_name(fmt, request.tools)
                 tools.append(
@@ -305,6 +302,11 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             kwargs["stop_sequences"] = list(p.stop_sequences)
         if p.extra:
             merge_extra(kwargs, p.extra, _CREATE_KWARGS)
+        if native is not None:
+            # Beside the other settings of output_config (effort, say) given in extra=, on
+            # the model or the request; the schema of a typed answer always wins.
+            given = _taken(kwargs, "output_config")
+            _put(kwargs, "output_config", {**given, "format": native})
         return kwargs, output_tool
 
     def _schema(self, fmt: ResponseFormat) -> dict[str, Any]:
@@ -439,6 +441,12 @@ def _output_tool_name(fmt: ResponseFormat, tools: Sequence[ToolSpecification]) -
         n += 1
         name = f"{base}_{n}"
     return name
+
+
+def _taken(kwargs: dict[str, Any], key: str) -> dict[str, Any]:
+    """The mapping set for ``key`` (as a keyword or in ``extra_body``), or ``{}``."""
+    value = kwargs.get(key, (kwargs.get("extra_body") or {}).get(key))
+    return dict(value) if isinstance(value, Mapping) else {}
 
 
 def _put(kwargs: dict[str, Any], key: str, value: Any) -> None:

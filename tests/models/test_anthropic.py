@@ -824,3 +824,18 @@ def test_no_key_anywhere_is_a_clear_error_when_the_model_is_made(
         AnthropicChatModel(MODEL)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
     assert AnthropicChatModel(MODEL).model_name == MODEL
+
+
+def test_native_structured_output_keeps_the_other_output_config_settings(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    for _ in range(2):
+        anthropic_server.reply_text('{"sentiment":"negative","score":0.1}')
+    model = anthropic_model(structured_output="native", extra={"output_config": {"effort": "low"}})
+    model.chat(ask(response_format=VERDICT))
+    on_request = ChatRequestParameters(extra={"output_config": {"effort": "high"}})
+    model.chat(ask(response_format=VERDICT, parameters=on_request))
+    on_model, on_call = anthropic_server.bodies
+    schema = {"type": "json_schema", "schema": VERDICT_SCHEMA}
+    assert on_model["output_config"] == {"effort": "low", "format": schema}
+    assert on_call["output_config"] == {"effort": "high", "format": schema}
