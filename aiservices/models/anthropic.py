@@ -332,7 +332,10 @@ def _to_anthropic_messages(
     for m in messages:
         if isinstance(m, UserMessage):
             role = "user"
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.text}]
+            # The API refuses a text block that is empty or only whitespace.
+            blocks: list[dict[str, Any]] = (
+                [{"type": "text", "text": m.text}] if _has_text(m.text) else []
+            )
         elif isinstance(m, ToolExecutionResultMessage):
             role = "user"
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.id, "content": m.text}
@@ -344,7 +347,7 @@ def _to_anthropic_messages(
             # Reasoning first, as returned: with thinking on, a turn that calls tools must
             # start with its thinking block.
             blocks = [_reasoning_block(r) for r in m.reasoning or ()]
-            if m.text:
+            if _has_text(m.text):  # (a blank text beside a tool call would be refused)
                 blocks.append({"type": "text", "text": m.text})
             for r in m.tool_execution_requests:
                 blocks.append(
@@ -363,11 +366,20 @@ def _to_anthropic_messages(
             turns.append({"role": role, "content": blocks})
     for turn in turns:
         content = turn["content"]
+        if not content:
+            raise ValueError(
+                "Anthropic's API refuses a user message that is empty or only whitespace; "
+                "send some text (or check the input before the call)"
+            )
         if len(content) == 1 and content[0]["type"] == "text":
             turn["content"] = content[0]["text"]
         elif turn["role"] == "user" and len(content) > 1:
             content.sort(key=_tool_results_first)
     return ("\n\n".join(system) if system else None), turns
+
+
+def _has_text(text: str | None) -> bool:
+    return bool(text and not text.isspace())
 
 
 def _to_anthropic_tool(spec: ToolSpecification) -> dict[str, Any]:

@@ -839,3 +839,43 @@ def test_native_structured_output_keeps_the_other_output_config_settings(
     schema = {"type": "json_schema", "schema": VERDICT_SCHEMA}
     assert on_model["output_config"] == {"effort": "low", "format": schema}
     assert on_call["output_config"] == {"effort": "high", "format": schema}
+
+
+def test_blank_text_is_never_sent_as_a_block_the_api_refuses(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # A model may answer "\n\n" beside a tool call; replayed from memory, that block would
+    # make every later request of the conversation fail.
+    anthropic_server.reply_text("ok")
+    call = ToolExecutionRequest("toolu_1", "get_weather", '{"city": "Oslo"}')
+    anthropic_model().chat(
+        ChatRequest(
+            [
+                UserMessage("Weather?"),
+                AiMessage("\n\n", tool_execution_requests=[call]),
+                ToolExecutionResultMessage("toolu_1", "get_weather", "sunny"),
+                UserMessage("  "),
+                AiMessage(" "),
+                UserMessage("Thanks"),
+            ]
+        )
+    )
+    sent = anthropic_server.bodies[0]["messages"]
+    texts = [
+        block["text"]
+        for turn in sent
+        for block in (turn["content"] if isinstance(turn["content"], list) else [])
+        if block["type"] == "text"
+    ] + [turn["content"] for turn in sent if isinstance(turn["content"], str)]
+    assert all(text.strip() for text in texts), sent
+    assert [turn["role"] for turn in sent] == ["user", "assistant", "user"]
+    assert sent[1]["content"][0]["type"] == "tool_use"
+    assert [b["type"] for b in sent[2]["content"]] == ["tool_result", "text"]
+
+
+def test_a_blank_user_message_alone_is_a_clear_error_before_the_request(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    with pytest.raises(ValueError, match="refuses a user message that is empty"):
+        anthropic_model().chat(ask(" \n"))
+    assert anthropic_server.bodies == []
