@@ -257,8 +257,8 @@ def client_options(
     """Keyword arguments for the SDK clients a model makes, the key wrapped in a `Secret`.
 
     A setting left ``None`` is taken from the handed-in ``client`` (sync or async), if any,
-    headers it was made with included, so the clients made beside it talk to the same
-    server the same way.
+    the headers and query it was made with included, so the clients made beside it talk to
+    the same server the same way.
     """
     options: dict[str, Any] = {} if api_key is None else {"api_key": Secret(api_key)}
     for name, given in settings.items():
@@ -273,6 +273,10 @@ def client_options(
             default_headers = dict(custom)
     if default_headers is not None:
         options["default_headers"] = default_headers
+    query = getattr(client, "_custom_query", None) if client is not None else None
+    if isinstance(query, Mapping) and query:
+        # The query it was made with (a tenant, Azure's api-version): kept apart in both SDKs.
+        options["default_query"] = dict(query)
     return options
 
 

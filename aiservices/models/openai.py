@@ -72,6 +72,23 @@ _SDK: Final = (openai.OpenAI, openai.AsyncOpenAI)
 _STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "json_object", "off")
 
 
+def _azure_options(options: dict[str, Any], client: Any) -> None:
+    """Make ``options`` (as `client_options` made them from an Azure ``client``) those of
+    the Azure SDK's constructors."""
+    query = dict(options.pop("default_query", None) or {})
+    options["api_version"] = query.pop("api-version", None)
+    if query:
+        options["default_query"] = query
+    provider = getattr(client, "_azure_ad_token_provider", None)
+    token = getattr(client, "_azure_ad_token", None)
+    if provider is not None or token is not None:
+        options.pop("api_key", None)  # the SDK takes one kind of credential
+        if provider is not None:
+            options["azure_ad_token_provider"] = provider
+        else:
+            options["azure_ad_token"] = token
+
+
 class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
     """A chat model served by OpenAI's Chat Completions API or an OpenAI-compatible server.
 
@@ -165,8 +182,15 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
                 organization=organization,
                 project=project,
             )
+        sdk: tuple[type[Any], type[Any]] = _SDK
+        if isinstance(followed, openai.AzureOpenAI | openai.AsyncAzureOpenAI):
+            # The client made beside an Azure one is an Azure one: its api-version, and its
+            # key in the api-key header (or its Entra token), as the one handed in.
+            sdk = (openai.AzureOpenAI, openai.AsyncAzureOpenAI)
+            if options:
+                _azure_options(options, followed)
         super().__init__(
-            _SDK,
+            sdk,
             client,
             async_client,
             base_url=base_url,

@@ -625,6 +625,21 @@ async def test_handed_in_client_is_used_left_open_and_followed_by_the_async_path
     ]
 
 
+async def test_a_handed_in_clients_query_is_kept_by_the_client_made_beside_it(
+    anthropic_server: AnthropicServer,
+) -> None:
+    anthropic_server.reply_text("async")
+    client = anthropic.Anthropic(
+        api_key="k", base_url=anthropic_server.origin, default_query={"tenant": "t1"}
+    )
+    try:
+        async with AnthropicChatModel(MODEL, client=client) as model:
+            await model.achat(ask())
+    finally:
+        client.close()
+    assert anthropic_server.last.path == "/v1/messages?tenant=t1"
+
+
 async def test_a_handed_in_client_with_a_bearer_token_is_followed_by_the_async_path(
     anthropic_server: AnthropicServer,
 ) -> None:

@@ -775,6 +775,74 @@ async def test_async_path_follows_a_handed_in_sync_client(openai_server: OpenAIS
     assert openai_server.last.headers["authorization"] == "Bearer sk-handed-in"
 
 
+async def test_a_handed_in_azure_client_is_followed_by_an_azure_one(
+    openai_server: OpenAIServer,
+) -> None:
+    # Azure wants its api-version in the query and the key in the api-key header: the
+    # async client made beside a sync AzureOpenAI is an AsyncAzureOpenAI.
+    openai_server.reply_text("sync")
+    openai_server.reply_text("async")
+    client = openai.AzureOpenAI(
+        api_key="azure-key",
+        api_version="2024-10-21",
+        azure_endpoint=openai_server.origin,
+        azure_deployment="gpt4o",
+        max_retries=0,
+    )
+    try:
+        async with OpenAIChatModel(MODEL, client=client) as model:
+            model.chat(ask())
+            await model.achat(ask())
+    finally:
+        client.close()
+    sync, made = openai_server.requests
+    assert (
+        made.path
+        == sync.path
+        == "/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21"
+    )
+    assert made.headers.get("api-key") == "azure-key"
+    assert "authorization" not in made.headers
+
+
+async def test_an_azure_client_with_an_entra_token_and_a_query_is_followed(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.reply_text("async")
+    openai_server.reply_text("sync")
+    async_client = openai.AsyncAzureOpenAI(
+        azure_ad_token_provider=lambda: "entra-token",
+        api_version="2025-01-01",
+        azure_endpoint=openai_server.origin,
+        default_query={"tenant": "acme"},
+        max_retries=0,
+    )
+    async with async_client:
+        model = OpenAIChatModel("gpt4o", async_client=async_client)
+        await model.achat(ask())
+        with model:
+            model.chat(ask())
+    _, made = openai_server.requests
+    assert "api-version=2025-01-01" in made.path
+    assert "tenant=acme" in made.path
+    assert made.headers["authorization"] == "Bearer entra-token"
+
+
+async def test_a_handed_in_clients_query_is_kept_by_the_client_made_beside_it(
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.reply_text("async")
+    client = openai.OpenAI(
+        api_key="k", base_url=openai_server.base_url, default_query={"tenant": "t1"}, max_retries=0
+    )
+    try:
+        async with OpenAIChatModel(MODEL, client=client) as model:
+            await model.achat(ask())
+    finally:
+        client.close()
+    assert openai_server.last.path == "/v1/chat/completions?tenant=t1"
+
+
 async def test_a_handed_in_async_client_alone_is_followed_as_a_sync_one_is(
     openai_server: OpenAIServer,
 ) -> None:
