@@ -206,15 +206,40 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
     # -- the ChatModel protocol ------------------------------------------------------------
 
     def chat(self, request: ChatRequest) -> ChatResponse:
-        """Answer one request with a single Messages call."""
+        """Answer one request with a single Messages call.
+
+        A request the SDK sends only as a stream (a ``max_tokens`` that may take longer than
+        its 10-minute limit on a plain call) is streamed, and the answer gathered from it.
+        """
         kwargs, output_tool = self._request(request)
-        message = self._sync_client().messages.create(**kwargs)
+        client = self._sync_client()
+        try:
+            message = client.messages.create(**kwargs)
+        except ValueError as exc:
+            if not _needs_stream(exc):
+                raise
+            acc = _StreamAccumulator(output_tool)
+            with client.messages.create(**kwargs, stream=True) as events:
+                for event in events:
+                    acc.add(event)
+            return acc.response()
         return _response(message, output_tool)
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
         """The async form of `chat`."""
         kwargs, output_tool = self._request(request)
-        message = await self._async_client().messages.create(**kwargs)
+        client = self._async_client()
+        try:
+            message = await client.messages.create(**kwargs)
+        except ValueError as exc:
+            if not _needs_stream(exc):
+                raise
+            acc = _StreamAccumulator(output_tool)
+            events = await client.messages.create(**kwargs, stream=True)
+            async with events:
+                async for event in events:
+                    acc.add(event)
+            return acc.response()
         return _response(message, output_tool)
 
     def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]:
@@ -376,6 +401,11 @@ def _to_anthropic_messages(
         elif turn["role"] == "user" and len(content) > 1:
             content.sort(key=_tool_results_first)
     return ("\n\n".join(system) if system else None), turns
+
+
+def _needs_stream(error: ValueError) -> bool:
+    # The SDK's own refusal, made before any request is sent.
+    return str(error).startswith("Streaming is required")
 
 
 def _has_text(text: str | None) -> bool:

@@ -894,3 +894,22 @@ def test_a_blank_user_message_alone_is_a_clear_error_before_the_request(
     with pytest.raises(ValueError, match="refuses a user message that is empty"):
         anthropic_model().chat(ask(" \n"))
     assert anthropic_server.bodies == []
+
+
+async def test_a_max_tokens_the_sdk_sends_only_as_a_stream_is_streamed_by_chat(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # The SDK refuses a plain call whose max_tokens may take over 10 minutes: chat() and
+    # achat() stream it, and give the whole answer.
+    anthropic_server.reply_stream([text("Hello there!")], input_tokens=14, output_tokens=4)
+    anthropic_server.reply_stream([text("Again.")], input_tokens=3, output_tokens=2)
+    model = anthropic_model(max_tokens=32_000)
+    answer = model.chat(ask())
+    again = await model.achat(ask())
+    await model.aclose()
+    assert answer.ai_message.text == "Hello there!"
+    assert answer.token_usage is not None
+    assert answer.token_usage.output_tokens == 4
+    assert again.ai_message.text == "Again."
+    assert [body["stream"] for body in anthropic_server.bodies] == [True, True]
+    assert anthropic_server.bodies[0]["max_tokens"] == 32_000
