@@ -405,6 +405,22 @@ def _error_in_body(completion: Any, error: object) -> ValueError:
     )
 
 
+def _text_of(content: object) -> str | None:
+    """A message's text: some compatible servers send a list of parts (``{"type": "text",
+    "text": ...}``, beside others such as reasoning) where OpenAI sends a string."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [
+            part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+            for part in content
+            if (part.get("type") if isinstance(part, dict) else getattr(part, "type", None))
+            == "text"
+        ]
+        return "".join(p for p in parts if isinstance(p, str))
+    raise ValueError(f"the server sent a message whose content is not text: {content!r:.200}")
+
+
 def _response(completion: Any) -> ChatResponse:
     if not isinstance(completion, ChatCompletion):
         # The SDK hands back the raw body when a server answers with something else.
@@ -424,7 +440,7 @@ def _response(completion: Any) -> ChatResponse:
         )
     choice = choices[0]
     message = choice.message
-    text = message.content
+    text = _text_of(message.content)
     reason = choice.finish_reason
     if text is None:
         text = getattr(message, "refusal", None)
@@ -504,7 +520,7 @@ class _StreamAccumulator:
         if delta.tool_calls:
             for position, call in enumerate(delta.tool_calls):
                 self._add_call(position, call)
-        text: str | None = delta.content
+        text = _text_of(delta.content)
         if text:
             self._text.append(text)
         refusal: str | None = getattr(delta, "refusal", None)

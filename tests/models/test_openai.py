@@ -1005,3 +1005,25 @@ def _obj(props: dict[str, Any], **more: Any) -> dict[str, Any]:
 def test_strict_schema_rule(schema: dict[str, Any], strict: bool) -> None:
     # One rule for tool parameters and answer formats (aiservices.models._strict).
     assert is_strict_schema(schema) is strict
+
+
+def test_content_sent_as_a_list_of_parts_is_read_as_its_text(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # Some compatible servers send the message's content as parts, reasoning among them.
+    body = completion(None)
+    body["choices"][0]["message"]["content"] = [
+        {"type": "thinking", "thinking": "hmm"},
+        {"type": "text", "text": "Hello, "},
+        {"type": "text", "text": "there."},
+    ]
+    openai_server.reply_body(body)
+    pieces = chunks([])
+    pieces.insert(1, {**pieces[0], "choices": [{"index": 0, "delta": {"content": [
+        {"type": "text", "text": "Streamed."}]}, "finish_reason": None}]})  # fmt: skip
+    openai_server.reply_raw_stream(pieces)
+    model = openai_model()
+    assert model.chat(ask()).ai_message.text == "Hello, there."
+    *deltas, response = list(model.stream(ask()))
+    assert deltas == ["Streamed."]
+    assert response.ai_message.text == "Streamed."
