@@ -216,7 +216,11 @@ class SqliteChatMemoryStore:
         self._next_purge = float("inf")  # time.monotonic() of the next purge by retention
         # Opens the file and checks or creates the schema now; the limit is read once, so
         # that checking an id never opens a connection (on an event loop's thread, say).
+        # The file opened: one deleted or replaced later must not take writes unseen (open
+        # connections would go on writing to the deleted file, new ones make another).
+        self._identity: tuple[int, int] | None = None
         self._max_length = self._connection().getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        self._identity = _identity(self._file)
         if self.retention is not None:
             self._purge_by_retention()
 
@@ -240,6 +244,7 @@ class SqliteChatMemoryStore:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
         path = self._file
+        self._check_file()
         if not os.access(path, os.R_OK | os.W_OK) and os.path.isfile(path):
             # SQLite would open it read-only, and fail only at the first write.
             raise _open_error(path, None)
@@ -283,6 +288,7 @@ class SqliteChatMemoryStore:
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise _locked(self.path, timeout, "other writers of this process")
         try:
+            self._check_file()
             # In steps of 50 ms, so that a connection's setting changes only after a wait.
             left = max(0, round((deadline - time.monotonic()) * 20)) * 50
             local = self._local
@@ -294,6 +300,15 @@ class SqliteChatMemoryStore:
                 yield
         finally:
             lock.release()
+
+    def _check_file(self) -> None:
+        """Raise if the database file is no longer the one the store opened."""
+        if self._identity is not None and _identity(self._file) != self._identity:
+            raise sqlite3.OperationalError(
+                f"the database file {self._file!r} was deleted or replaced after the store "
+                "opened it, so nothing more is written to it; make a new "
+                "SqliteChatMemoryStore to use the file there now"
+            )
 
     def _check_schema(self, conn: sqlite3.Connection) -> None:
         sql = self._sql
@@ -876,6 +891,14 @@ def _key_text(key: str | bytes) -> str:
 # SQLite's result codes for a file it can't open or write: SQLITE_PERM, SQLITE_READONLY,
 # SQLITE_CANTOPEN, SQLITE_NOTADB.
 _OPEN_ERRORS: Final = frozenset({3, 8, 14, 26})
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _locked(path: str, timeout: float, by: str) -> sqlite3.OperationalError:

@@ -521,3 +521,32 @@ async def test_async_writes_queued_behind_a_lock_each_wait_one_timeout(tmp_path:
     # Each timeout counts from when its call was queued, not from when the thread took it.
     assert time.monotonic() - started < 2.0
     await store.aclose()
+
+
+@pytest.mark.parametrize("replaced", [False, True], ids=["deleted", "replaced"])
+def test_a_database_file_deleted_or_replaced_takes_no_more_writes(
+    tmp_path: Path, replaced: bool
+) -> None:
+    path = tmp_path / "c.db"
+    store = SqliteChatMemoryStore(path)
+    store.update_messages("c", [user("before")])
+    path.unlink()
+    if replaced:
+        SqliteChatMemoryStore(path).close()
+    with pytest.raises(sqlite3.OperationalError, match="was deleted or replaced"):
+        store.apply_changes("c", appended=[user("lost")], removed=[])
+    # A thread opening its own connection neither makes another file nor writes to it.
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            store.apply_changes("c", appended=[user("lost too")], removed=[])
+        except sqlite3.OperationalError as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    writer.join()
+    assert len(errors) == 1
+    assert path.exists() == replaced
+    store.close()
