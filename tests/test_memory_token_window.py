@@ -257,6 +257,35 @@ def test_messages_a_lowered_limit_hides_are_counted_once_over_many_reads(
     assert list(words.counted.values()) == [1, 1, 1]
 
 
+def test_a_message_stored_again_under_its_id_after_a_clear_is_counted_again(
+    words: WordEstimator,
+) -> None:
+    memory = TokenWindowChatMemory(10, words)
+    memory.add(UserMessage("hi", message_id="m1"), AiMessage("hello", message_id="m2"))
+    memory.clear()
+    long = UserMessage(
+        "now a text of far more than the ten tokens the window holds", message_id="m1"
+    )
+    memory.set([long, AiMessage("ok", message_id="m2")])
+    assert [m.text for m in memory.messages()] == ["ok"]
+    assert words.counted["m1"] == 2
+
+
+def test_a_message_a_read_hid_and_set_rewrote_is_counted_again(words: WordEstimator) -> None:
+    limit = [100]
+    memory = TokenWindowChatMemory(lambda _: limit[0], words)
+    memory.add(UserMessage("short", message_id="x"), UserMessage("b", message_id="y"))
+    limit[0] = 1
+    assert [m.text for m in memory.messages()] == ["b"]  # x hidden by the read
+    limit[0] = 10
+    long = UserMessage(
+        "now a text of far more than the ten tokens the window holds", message_id="x"
+    )
+    memory.set([long, UserMessage("b", message_id="y")])
+    assert [m.text for m in memory.messages()] == ["b"]
+    assert words.counted["x"] == 2
+
+
 def test_what_an_add_keeps_does_not_depend_on_a_read_before_it(words: WordEstimator) -> None:
     # A read under a lowered limit hides the question; the answer added next is still
     # judged with it, as a whole turn, as it is without the read.

@@ -406,6 +406,7 @@ class WindowChatMemory:
         self._window = None
         self._pending = []
         self._since = None
+        self._costs.clear()  # a message stored again under an old id is counted afresh
         return None
 
     def _new_window(self) -> Window:
@@ -417,9 +418,10 @@ class WindowChatMemory:
         )
 
     def _shown(self) -> list[ChatMessage]:
-        """What the memory's window showed before it is rebuilt (empty: none yet)."""
+        """What the memory's window showed before it is rebuilt (empty: none yet), and what
+        a read left out that the store still holds: the messages whose costs it knows."""
         window = self._window
-        return [] if window is None else window.snapshot()
+        return [] if window is None else [*window.snapshot(), *self._pending]
 
     def _lead_test(self) -> Callable[[ChatMessage], bool] | None:
         policy = self._policy
@@ -580,10 +582,12 @@ class WindowChatMemory:
         return None
 
     def _reset(self) -> None:
-        # After a failure the store may or may not hold the write: read it again.
+        # After a failure the store may or may not hold the write: read it again, and count
+        # what it holds afresh.
         self._window = None
         self._pending = []
         self._since = None
+        self._costs.clear()
 
     def __repr__(self) -> str:
         spec = self._limit_spec
