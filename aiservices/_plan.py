@@ -104,6 +104,33 @@ def _interface_methods(
     return methods, written
 
 
+def _reserved_names(interface: type) -> set[str]:
+    """Members of ``interface`` named like the service's memory access, other than the
+    declarations ``ChatMemoryAccess`` makes (which the interface may repeat)."""
+    access = next(
+        (k for k in interface.__mro__ if k.__name__ == "ChatMemoryAccess"
+         and k.__module__ == "aiservices.service"),
+        None,
+    )  # fmt: skip
+    found: set[str] = set()
+    for klass in interface.__mro__:
+        if klass is access or klass is object:
+            continue
+        for name in ACCESS_METHODS.intersection(vars(klass)):
+            declared = getattr(access, name, None) if access is not None else None
+            if declared is None or not _same_parameters(vars(klass)[name], declared):
+                found.add(name)
+    return found
+
+
+def _same_parameters(member: object, declared: Callable[..., Any]) -> bool:
+    try:
+        mine = inspect.signature(member)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return list(mine.parameters) == list(inspect.signature(declared).parameters)
+
+
 _STUB_STEPS: Final = frozenset(
     {"RESUME", "NOP", "CACHE", "RETURN_GENERATOR", "POP_TOP", "COPY_FREE_VARS", "MAKE_CELL"}
 )
@@ -529,6 +556,11 @@ def plan_interface(
     problems: list[str] = []
     plans: dict[str, MethodPlan] = {}
     methods, written = _interface_methods(interface)
+    for name in sorted(_reserved_names(interface)):
+        problems.append(
+            f"{interface.__name__}.{name}: the name is the service's own memory access "
+            f"(ChatMemoryAccess.{name}), which would replace the method; rename it"
+        )
     for name, function in written.items():
         if any(
             hasattr(function, marker)

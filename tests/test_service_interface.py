@@ -437,3 +437,32 @@ def test_prompt_decorators_on_a_method_with_a_body_fail_the_build() -> None:
     [problem] = problems(Bot)
     assert problem.startswith("Bot.translate has a body, so it runs as written")
     assert "make its body `...`" in problem
+
+
+def test_a_method_named_like_the_memory_access_fails_the_build() -> None:
+    class Tutor(Protocol):
+        def chat(self, message: str) -> str: ...
+
+        def forget(self, topic: str) -> str: ...
+
+        def conversation_stats(self, text: str) -> str: ...
+
+    found = problems(Tutor, chat_memory_provider=MessageWindowChatMemory.provider())
+    assert [p.split(":")[0] for p in found] == ["Tutor.conversation_stats", "Tutor.forget"]
+    assert all("rename it" in p for p in found)
+
+
+def test_the_memory_access_declarations_may_be_repeated() -> None:
+    from collections.abc import Hashable
+
+    from aiservices import ChatMemoryAccess
+
+    class Bot(ChatMemoryAccess, Protocol):
+        def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+        def forget(self, memory_id: Hashable) -> None: ...
+
+    bot = build(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    bot.chat("a", "hi")  # type: ignore[attr-defined]
+    bot.forget("a")  # type: ignore[attr-defined]
+    assert bot.get_chat_memory("a").messages() == []  # type: ignore[attr-defined]
