@@ -303,6 +303,7 @@ def build(
             ("system_message_provider", system_message_provider),
             ("tool_provider", tool_provider),
             ("request_transformer", request_transformer),
+            ("tool_error_handler", tool_error_handler),
         )
         if function is not None and is_async(function)
     ]

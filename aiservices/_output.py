@@ -224,6 +224,8 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
 
 def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> Any:
     if issubclass(tp, enum.Enum):
+        if not list(tp):
+            raise _Unsupported(f"the Enum {tp.__name__} has no members: no answer could be one")
         return Annotated[tp, BeforeValidator(_enum_choices(tp))] if lenient else tp
     if issubclass(tp, ChatMessage):
         # Only `-> AiMessage` itself is the model's message; inside another type it would
@@ -247,6 +249,8 @@ def _prepare_literal(tp: Any, values: tuple[Any, ...], *, lenient: bool) -> Any:
             raise _Unsupported(
                 f"the Literal value {value!r} is not a str, int, bool, None or enum member"
             )
+    if all(value is None for value in values):
+        raise _Unsupported("Literal[None] carries no answer; return None from your own code")
     if lenient and any(isinstance(v, str | int | enum.Enum) for v in values):
         return Annotated[tp, BeforeValidator(_literal_choices(values))]
     return tp

@@ -184,6 +184,17 @@ def _admits_none(annotation: Any) -> bool:
     return False
 
 
+def _is_text_type(annotation: Any) -> bool:
+    """Whether ``annotation`` is ``str``, ``str | None`` (or says nothing)."""
+    base, _ = _strip_annotated(annotation)
+    if base is Any or base is str or base is inspect.Parameter.empty:
+        return True
+    if get_origin(base) in (Union, types.UnionType):
+        members = [m for m in get_args(base) if m is not type(None)]
+        return bool(members) and all(_is_text_type(m) for m in members)
+    return False
+
+
 def _is_hashable_type(annotation: Any) -> bool:
     base, _ = _strip_annotated(annotation)
     origin = get_origin(base)
@@ -347,6 +358,14 @@ def plan_method(
                 problems.append(_problem(pwhere, "a second UserName parameter; mark only one"))
             else:
                 user_name_index = index
+            if not _is_text_type(annotation):
+                problems.append(
+                    _problem(
+                        pwhere,
+                        "a UserName is the user's name as the model is given it: annotate "
+                        f"it str (or str | None), not {_strip_annotated(annotation)[0]!r}",
+                    )
+                )
         if len(aliases) > 1:
             problems.append(_problem(pwhere, "more than one V(...) alias; give one"))
         variable = aliases[0] if aliases else param.name

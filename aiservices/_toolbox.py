@@ -125,6 +125,11 @@ def _analyse(
             f"{where}: {name!r} is not a valid tool name (1 to 64 letters, digits, '_' or "
             "'-'); name it with @tool(name=...)"
         )
+    if inspect.isasyncgenfunction(_target(function)):
+        problems.append(
+            f"{where}: an async generator can't be a tool (its result must be whole when the "
+            "model reads it); collect its items in a list and return that"
+        )
     # Schemas are read only for services that have tools, so not at `import aiservices`.
     from . import _tool_schema
 

@@ -189,7 +189,7 @@ class ServiceState:
             given = provider(memory_id, user)
         if given is None:  # no tools for this call
             return self.toolbox
-        if not isinstance(given, Iterable):
+        if not isinstance(given, Iterable) or isinstance(given, str | bytes | Mapping):
             raise TypeError(
                 f"tool_provider returned {type(given).__name__} for the memory id "
                 f"{memory_id!r}; it must return the call's extra tools (a list, empty or None "

@@ -167,6 +167,11 @@ class Tool:
             raise TypeError(f"Tool({name!r}): description must be a str")
         if not callable(function):
             raise TypeError(f"Tool({name!r}): function must be callable, got {function!r}")
+        if inspect.isasyncgenfunction(function):
+            raise TypeError(
+                f"Tool({name!r}): an async generator can't be a tool (its result must be whole "
+                "when the model reads it); collect its items in a list and return that"
+            )
         if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
             raise ValueError(
                 f"Tool({name!r}): parameters must be an object schema "

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import enum
 from datetime import date
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 
 import pytest
 from pydantic import BaseModel
@@ -466,3 +467,32 @@ def test_the_memory_access_declarations_may_be_repeated() -> None:
     bot.chat("a", "hi")  # type: ignore[attr-defined]
     bot.forget("a")  # type: ignore[attr-defined]
     assert bot.get_chat_memory("a").messages() == []  # type: ignore[attr-defined]
+
+
+def test_a_user_name_that_is_not_text_fails_the_build() -> None:
+    class Bot(Protocol):
+        def chat(self, who: Annotated[int, UserName], message: str) -> str: ...
+
+    [problem] = problems(Bot)
+    assert problem.startswith("Bot.chat(who)")
+    assert "annotate it str (or str | None)" in problem
+
+    class Fine(Protocol):
+        def chat(self, who: Annotated[str | None, UserName], message: str) -> str: ...
+
+    build(Fine)
+
+
+class Nothing(enum.Enum):
+    """An enum without members."""
+
+
+def test_return_types_no_answer_could_be_fail_the_build() -> None:
+    class Bot(Protocol):
+        def pick(self, text: str) -> Nothing: ...
+
+        def none(self, text: str) -> Literal[None]: ...
+
+    found = problems(Bot)
+    assert any("has no members" in p for p in found)
+    assert any("Literal[None] carries no answer" in p for p in found)

@@ -262,6 +262,45 @@ def test_a_tool_provider_may_return_none_for_no_tools_and_nothing_else() -> None
     assert len(model.requests) == 1  # refused before the model was called
 
 
+@pytest.mark.parametrize("given", ["add", b"add", {"add": add}], ids=["str", "bytes", "dict"])
+def test_a_tool_provider_returning_text_or_a_mapping_is_refused(given: object) -> None:
+    model = ScriptedChatModel("plain")
+    bot = service(model, [add], tool_provider=lambda memory_id, message: given)
+    with pytest.raises(TypeError, match=r"tool_provider returned"):
+        bot.chat("dan", "hello")
+    assert model.requests == []
+
+
+def test_an_async_tool_error_handler_fails_the_build() -> None:
+    async def handler(error: Exception, request: object) -> str:
+        return "no"
+
+    from aiservices import InterfaceError
+
+    with pytest.raises(InterfaceError, match=r"tool_error_handler=.*handler is async"):
+        service(ScriptedChatModel("x"), [add], tool_error_handler=handler)
+
+
+def test_an_async_generator_is_refused_as_a_tool() -> None:
+    from collections.abc import AsyncIterator
+
+    from aiservices import InterfaceError, Tool
+
+    @tool
+    async def search(q: str) -> AsyncIterator[str]:
+        """Stream hits."""
+        yield "hit"
+
+    with pytest.raises(InterfaceError, match=r"an async generator can't be a tool"):
+        service(ScriptedChatModel("x"), [search])
+
+    async def raw(**arguments: object) -> AsyncIterator[str]:
+        yield "hit"
+
+    with pytest.raises(TypeError, match=r"an async generator can't be a tool"):
+        Tool("raw", "", {"type": "object", "properties": {}}, raw)
+
+
 async def test_parallel_async_tools_run_concurrently_and_are_recorded_in_request_order() -> None:
     @tool
     async def slow(name: str) -> str:
