@@ -81,6 +81,7 @@ from typing import Any, Final, Self, TypeAlias
 import psycopg
 import psycopg.errors
 from psycopg import sql
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from .._per_loop import PerLoop, close_in_loop
@@ -973,7 +974,8 @@ def _steps(conn: psycopg.Connection[Any], op: _Op) -> Any:
             query = op.send(rows)
         except StopIteration as stop:
             return stop.value
-        cursor = conn.execute(query.sql, query.params)
+        # Rows as tuples, whatever row factory a connection handed in was made with.
+        cursor = conn.cursor(row_factory=tuple_row).execute(query.sql, query.params)
         rows = cursor.fetchall() if query.fetch else None
 
 
@@ -1005,7 +1007,7 @@ async def _asteps(conn: psycopg.AsyncConnection[Any], op: _Op) -> Any:
             query = op.send(rows)
         except StopIteration as stop:
             return stop.value
-        cursor = await conn.execute(query.sql, query.params)
+        cursor = await conn.cursor(row_factory=tuple_row).execute(query.sql, query.params)
         rows = await cursor.fetchall() if query.fetch else None
 
 

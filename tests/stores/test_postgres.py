@@ -441,6 +441,31 @@ def test_a_pool_passed_in_is_used_and_left_open(dsn: str, table: str) -> None:
             assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_a_pool_and_connection_with_another_row_factory_work(dsn: str, table: str) -> None:
+    from psycopg.rows import dict_row
+
+    with ConnectionPool(dsn, kwargs={"row_factory": dict_row, "autocommit": True}) as pool:
+        with PostgresChatMemoryStore(pool, table=table) as store:
+            store.update_messages("c", [user("a")])
+            store.apply_changes("c", appended=[user("b")], removed=[])
+            since = store.get_messages_since("c")[1]
+            assert texts(store.get_messages_since("c", since)[0]) == ["a", "b"]
+        with PostgresChatMemoryStore(pool, table=table) as again:  # the schema checked again
+            assert texts(again.get_messages("c")) == ["a", "b"]
+
+    async def main() -> list[str]:
+        async with (
+            AsyncConnectionPool(
+                dsn, kwargs={"row_factory": dict_row, "autocommit": True}, open=False
+            ) as apool,
+            PostgresChatMemoryStore(dsn, table=table, async_pool=apool) as store,
+        ):
+            await store.aapply_changes("c", appended=[user("c")], removed=[])
+            return texts(await store.aget_messages("c"))
+
+    assert asyncio.run(main()) == ["a", "b", "c"]
+
+
 def test_a_connection_passed_in_is_shared_by_threads(dsn: str, table: str) -> None:
     with psycopg.connect(dsn) as conn:  # autocommit off: each call commits its own work
         store = PostgresChatMemoryStore(conn, table=table)
