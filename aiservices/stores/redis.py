@@ -189,7 +189,7 @@ local passing = tonumber(ARGV[last_removed + 1])
 local first_pair = last_removed + 2
 local removing = {}
 for k = 6, last_removed do removing[ARGV[k]] = true end
-for k = first_pair + 2 * passing, #ARGV, 2 do
+for k = first_pair, #ARGV, 2 do
   if not removing[ARGV[k]] then
     local entry = redis.call('HGET', x, ARGV[k])
     if entry then
@@ -222,7 +222,7 @@ return {redis.call('LRANGE', w, 0, -1), redis.call('LRANGE', s, 0, -1),
 
 # ARGV: keep_history, ttl, deadline, token, the window's sequence numbers as read
 # (comma-separated), rewrite (0/1), the number of leaving messages, then sequence number, id
-# ('' if none) of each, then id, message, ... of those to append. Carries out
+# ('=' and the id, '' if none) of each, then id, message, ... of those to append. Carries out
 # update_messages' plan, or returns 'changed' (changing nothing) if the window is no longer
 # the one it was planned on, 'late' past the deadline.
 _EXECUTE = """
@@ -234,7 +234,7 @@ for k = 8, last, 2 do
   local seq, id = ARGV[k], ARGV[k + 1]
   local text = remove(seq)
   if keep and text then to_history(seq, text) end
-  if id ~= '' then redis.call('HDEL', x, id) end
+  if id ~= '' then redis.call('HDEL', x, string.sub(id, 2)) end
 end
 if ARGV[6] == '1' then redis.call('DEL', w, s, x) end
 if #ARGV > last then append(last + 1, token) end
@@ -927,7 +927,7 @@ class RedisChatMemoryStore:
         id_of = {}
         for k in range(0, len(index), 2):
             id_of[_text(index[k + 1]).partition(" ")[0]] = _text(index[k])
-        ids = [id_of.get(seq, "") for seq in seqs]
+        ids = [id_of.get(seq) for seq in seqs]  # None: a row the index has lost
         # Undecodable texts compare unequal to every wanted one: such a message is replaced.
         stored = list(zip(ids, map(_text, raw_texts), strict=True))
         wanted = [(m.message_id, text) for m, text in zip(new, texts, strict=True)]
@@ -938,7 +938,7 @@ class RedisChatMemoryStore:
         gone = [(seq, mid) for seq, mid in zip(seqs, ids, strict=True) if mid in leaving]
         args += ("1" if plan.rewrite else "0", len(gone))
         for seq, mid in gone:
-            args += (seq, mid)
+            args += (seq, "" if mid is None else "=" + mid)  # "" (an id) is an id too
         for m, text in zip(new[plan.fresh :], texts[plan.fresh :], strict=True):
             args += (m.message_id, text)
         return args

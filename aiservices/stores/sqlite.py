@@ -416,6 +416,9 @@ class SqliteChatMemoryStore:
                 self._evict(conn, key, list(removed))
             if history_only and self.keep_history:
                 appended_ids(history_only)
+                for m in history_only:  # (the history table does not index ids)
+                    if conn.execute(self._sql.has_id, (key, m.message_id)).fetchone():
+                        raise duplicate_id_error(m.message_id, memory_id)
                 when = _now()
                 rows = self._rows(key, history_only, None, last=last)
                 conn.executemany(self._sql.insert_history, [(*row, when) for row in rows])
@@ -747,6 +750,7 @@ class _Statements:
         "evict_all",
         "evict_one",
         "forget_history",
+        "has_id",
         "idle_keys",
         "insert",
         "insert_history",
@@ -786,6 +790,7 @@ class _Statements:
         )
         self.read_ids_only = f"SELECT message_id FROM {table} WHERE memory_key = ?"
         self.read_ids_with_seq = f"SELECT message_id, seq FROM {table} WHERE memory_key = ?"
+        self.has_id = f"SELECT 1 FROM {table} WHERE memory_key = ? AND message_id = ?"
         # Rows at or below ?2 were read before: their text is not fetched again.
         self.read_since = (
             f"SELECT seq, message_id, CASE WHEN seq > ?2 THEN message END FROM {table} "

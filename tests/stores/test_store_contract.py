@@ -270,6 +270,15 @@ def test_update_messages_reaches_any_order(store: Any, order: list[int | str]) -
     assert dumps(store.get_messages("c")) == dumps([*wanted[1:], store.get_messages("c")[-1]])
 
 
+def test_an_empty_message_id_is_an_id_like_any_other(store: Any) -> None:
+    a, b = user("a", message_id=""), user("b")
+    store.apply_changes("c", appended=[a, b], removed=[])
+    store.update_messages("c", [b])
+    assert texts(store.get_messages("c")) == ["b"]
+    store.apply_changes("c", appended=[user("a again", message_id="")], removed=[])
+    assert texts(store.get_messages("c")) == ["b", "a again"]
+
+
 def test_update_messages_replaces_a_changed_message_with_the_same_id(store: Any) -> None:
     a, b, c = user("a"), user("b"), user("c")
     store.update_messages("c", [a, b, c])
@@ -577,6 +586,15 @@ async def test_messages_an_async_turn_evicts_at_once_reach_history(history_store
         close = getattr(history_store, "aclose", None)
         if close is not None:
             await close()  # the async clients belong to this test's event loop
+
+
+def test_a_history_only_message_whose_id_is_stored_is_a_duplicate(history_store: Any) -> None:
+    kept = user("kept")
+    history_store.apply_changes("c", appended=[kept], removed=[])
+    twin = user("twin", message_id=kept.message_id)
+    with pytest.raises(ValueError, match="appears twice"):
+        history_store.apply_changes("c", appended=[user("new")], removed=[], history_only=[twin])
+    assert history_view(history_store.get_history("c")) == [("kept", False)]
 
 
 def test_messages_a_turn_evicts_at_once_are_not_stored_without_history(
