@@ -437,6 +437,7 @@ class RedisChatMemoryStore:
         # The server time each node last returned, and when (time.monotonic()): by slot.
         self._clock: dict[int, tuple[float, float]] = {}
         self._loop_clients: PerLoop[_AsyncClient] = PerLoop()
+        self._closed = False
         self._cache = MessageCache()
 
     def __repr__(self) -> str:
@@ -697,7 +698,15 @@ class RedisChatMemoryStore:
                 client = self._sync_client
         return client
 
+    def _closed_error(self) -> redis.exceptions.ConnectionError:
+        return redis.exceptions.ConnectionError(
+            f"the store for Redis at {self._where()} was closed: make a new "
+            "RedisChatMemoryStore, or close it only when its calls are done"
+        )
+
     def _new_client(self) -> _Client:
+        if self._closed:
+            raise self._closed_error()
         url, (timeout, connect) = self._client_url, self._timeouts
         if self._cluster:
             return redis.cluster.RedisCluster.from_url(
@@ -714,6 +723,8 @@ class RedisChatMemoryStore:
         )
 
     def _new_async_client(self) -> _AsyncClient:
+        if self._closed:
+            raise self._closed_error()  # else a client would be made for this loop, unclosed
         url, (timeout, connect) = self._client_url, self._timeouts
         if self._cluster:
             return redis.asyncio.cluster.RedisCluster.from_url(
@@ -744,10 +755,15 @@ class RedisChatMemoryStore:
         if it is running; one whose loop has already closed can no longer be closed (call
         `aclose` in the loop before it ends).
         """
+        if self._url is not None:
+            self._closed = True  # the clients it made are not made again
         for loop, client in self._loop_clients.pop_all():
             close_in_loop(loop, client.aclose)
         if self._url is not None and self._sync_client is not None:
-            self._sync_client.close()
+            with self._lock:
+                made, self._sync_client = self._sync_client, None
+            if made is not None:
+                made.close()
 
     async def aclose(self) -> None:
         """Close the clients this store made, the current event loop's one awaited."""

@@ -452,3 +452,19 @@ async def test_an_async_service_uses_the_async_client(url: str, prefix: str) -> 
     assert set(store.calls) == {"aget_messages", "aapply_changes"}
     assert texts(store.get_messages("alice")) == ["q1", "echo:q1", "q2", "echo:q2"]
     await store.aclose()
+
+
+def test_a_closed_store_refuses_calls_and_makes_no_client(url: str, prefix: str) -> None:
+    store = RedisChatMemoryStore(url, key_prefix=prefix)
+    store.apply_changes("c", appended=[user("hi")], removed=[])
+    store.close()
+    with pytest.raises(redis.exceptions.ConnectionError, match="was closed: make a new"):
+        store.apply_changes("c", appended=[user("after")], removed=[])
+
+    async def call() -> None:
+        await store.aget_messages("c")
+
+    with pytest.raises(redis.exceptions.ConnectionError, match="was closed: make a new"):
+        asyncio.run(call())
+    with RedisChatMemoryStore(url, key_prefix=prefix) as fresh:
+        assert texts(fresh.get_messages("c")) == ["hi"]
