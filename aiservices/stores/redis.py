@@ -57,7 +57,7 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from .._per_loop import PerLoop, close_in_loop
-from ..messages import ChatMessage, message_to_json
+from ..messages import ChatMessage, message_from_json, message_to_json
 from ._base import memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
@@ -166,14 +166,17 @@ local first = #seqs + 1
 while first > 1 and tonumber(seqs[first - 1]) > after do first = first - 1 end
 local texts = {}
 if first <= #seqs then texts = redis.call('LRANGE', w, first - 1, -1) end
-local held = false
+local held, whole = false, false
 if first > 1 then
-  local ok, message = pcall(cjson.decode, redis.call('LINDEX', w, first - 2))
+  local text = redis.call('LINDEX', w, first - 2)
+  local ok, message = pcall(cjson.decode, text)
   if ok and type(message) == 'table' and type(message.message_id) == 'string' then
     held = message.message_id
+  else
+    whole = text  -- cjson refuses some JSON (an escaped lone surrogate): read by the client
   end
 end
-return {seqs, texts, redis.call('TIME'), held}
+return {seqs, texts, redis.call('TIME'), held, whole}
 """
 
 # ARGV: keep_history (0/1), ttl in ms (0: none), deadline, token, the number of removed ids,
@@ -975,7 +978,7 @@ class RedisChatMemoryStore:
             number = rows[first - 1][0]
             at = bisect.bisect_left(cast("list[int]", since.marks), number)
             held = since.messages[at] if since.marks[at : at + 1] == [number] else None
-            if held is None or raw[3] is None or held.message_id != _text(raw[3]):
+            if held is None or held.message_id != _stored_id(raw):
                 since = None
 
         def parse(indexes: list[int]) -> list[ChatMessage]:
@@ -1067,6 +1070,18 @@ def _busy(memory_id: Hashable) -> RuntimeError:
         f"update_messages({memory_id!r}): other writers changed the conversation "
         f"{_PLAN_TRIES} times while it was being replaced; try again"
     )
+
+
+def _stored_id(raw: Any) -> str | None:
+    """The message id ``_SINCE`` read of the newest message the reader holds by number."""
+    if raw[3] is not None:
+        return _text(raw[3])
+    if len(raw) > 4 and raw[4] is not None:
+        try:
+            return message_from_json(_text(raw[4])).message_id
+        except ValueError:
+            return None
+    return None
 
 
 def _after(since: object) -> int:

@@ -468,3 +468,27 @@ def test_a_closed_store_refuses_calls_and_makes_no_client(url: str, prefix: str)
         asyncio.run(call())
     with RedisChatMemoryStore(url, key_prefix=prefix) as fresh:
         assert texts(fresh.get_messages("c")) == ["hi"]
+
+
+def test_a_read_since_a_mark_is_one_script_whatever_the_newest_message_holds(
+    store: RedisChatMemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The script checks the newest held message's id; JSON its Lua reader refuses (an escaped
+    # lone surrogate) is checked by the client, not by reading the whole window again.
+    calls: list[object] = []
+    call = store._call
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[0])
+        return call(*args)
+
+    monkeypatch.setattr(store, "_call", counted)
+    for text in ("plain", "lone \udc80 surrogate"):
+        memory_id = f"c-{len(calls)}"
+        store.apply_changes(memory_id, appended=[user("x"), user(text)], removed=[])
+        _, since = store.get_messages_since(memory_id)
+        calls.clear()
+        for _ in range(3):
+            again, since = store.get_messages_since(memory_id, since)
+        assert len(calls) == 3
+        assert texts(again) == ["x", text]
