@@ -92,7 +92,10 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     ``where`` names the tool in problems, ``Calculator.add`` giving ``Calculator.add(b): ...``.
     """
     try:
-        signature = inspect.signature(fn, eval_str=True)
+        try:
+            signature = inspect.signature(fn, eval_str=True)
+        except NameError:
+            signature = _parameters_evaluated(fn)
     except (NameError, SyntaxError, TypeError, ValueError) as exc:
         raise InterfaceError(
             f"{where}: its signature cannot be read ({exc}); define the types it names at "
@@ -186,6 +189,32 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
         returns_nothing=returns is _EMPTY or returns is None or returns is type(None),
         context=context,
     )
+
+
+def _parameters_evaluated(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with its parameters' types evaluated, its return type only if it
+    can be: a type imported under ``TYPE_CHECKING`` for the return alone is common, and only
+    whether the tool returns nothing is read from it. A parameter's type that can't be
+    evaluated raises ``NameError``."""
+    signature = inspect.signature(fn)
+    target: Any = fn.func if isinstance(fn, functools.partial) else fn
+    target = getattr(target, "__func__", target)
+    if not inspect.isfunction(target):
+        target = getattr(type(target), "__call__", target)  # noqa: B004 - a callable object
+    namespace = getattr(inspect.unwrap(target), "__globals__", {})
+
+    def evaluated(annotation: Any) -> Any:
+        return eval(annotation, namespace) if isinstance(annotation, str) else annotation
+
+    parameters = [
+        p.replace(annotation=evaluated(p.annotation)) for p in signature.parameters.values()
+    ]
+    returns = signature.return_annotation
+    try:
+        returns = evaluated(returns)
+    except Exception:
+        returns = Any
+    return signature.replace(parameters=parameters, return_annotation=returns)
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

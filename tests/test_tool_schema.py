@@ -479,6 +479,22 @@ def test_an_unresolvable_annotation_is_an_interface_error() -> None:
         read_signature(fn, skip_first=False, where="fn")
 
 
+def test_a_return_type_known_only_to_type_checkers_is_no_problem() -> None:
+    # `if TYPE_CHECKING: from billing import Receipt` with `-> "Receipt"`: only whether the
+    # tool returns something is read from its return type.
+    def issue(a: "Address", amount: int) -> "Receipt":  # type: ignore[name-defined]  # noqa: F821
+        raise NotImplementedError
+
+    signature = read_signature(issue, skip_first=False, where="issue")
+    assert set(signature.schema["properties"]) == {"a", "amount"}
+    assert not signature.returns_nothing
+
+    def nothing(a: "Address") -> "None":
+        return None
+
+    assert read_signature(nothing, skip_first=False, where="nothing").returns_nothing
+
+
 def test_clean_json_schema_inlines_refs_with_sibling_keywords() -> None:
     raw = {
         "$defs": {
