@@ -157,6 +157,12 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
             # `x: int = Field(3, description=...)`: pydantic reads the field, the default too.
             fields[param.name] = _field(Annotated[annotation, default], default.is_required())
             continue
+        if default is not _EMPTY and _has_field_default(metadata):
+            problems.append(
+                f"{pwhere}: two defaults, one in Field(default=...) and one after `=`; the "
+                "model would be shown one and the tool given the other: keep one"
+            )
+            continue
         required = default is _EMPTY and not _has_field_default(metadata)
         fields[param.name] = _field(annotation, required)
         if default is not _EMPTY:

@@ -495,6 +495,13 @@ def test_a_return_type_known_only_to_type_checkers_is_no_problem() -> None:
     assert read_signature(nothing, skip_first=False, where="nothing").returns_nothing
 
 
+def test_two_defaults_for_one_parameter_are_an_interface_error() -> None:
+    def fn(n: Annotated[int, Field(default=3)] = 5) -> None: ...
+
+    with pytest.raises(InterfaceError, match=r"^fn\(n\): two defaults"):
+        read_signature(fn, skip_first=False, where="fn")
+
+
 def test_clean_json_schema_inlines_refs_with_sibling_keywords() -> None:
     raw = {
         "$defs": {
