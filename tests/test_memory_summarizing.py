@@ -410,6 +410,20 @@ def test_of_several_stored_summaries_the_last_leads_and_the_others_are_folded_in
     assert "q9" in texts(a.messages())[0]
 
 
+def test_adding_a_conversation_with_two_summaries_keeps_both() -> None:
+    store = InMemoryChatMemoryStore()
+    older = UserMessage("covers q9", message_id=f"{SUMMARY_ID_PREFIX}1")
+    newer = UserMessage("covers q8", message_id=f"{SUMMARY_ID_PREFIX}2")
+    store.update_messages("src", [older, newer, *turn(0)])
+    shown = SummarizingChatMemory(
+        max_messages=10, summarizer=Summarizer(), store=store, id="src"
+    ).messages()
+    copy = SummarizingChatMemory(max_messages=10, summarizer=Summarizer(), store=store, id="dst")
+    copy.add(*shown)
+    assert sorted(texts(copy.messages())) == sorted(texts(shown))
+    assert is_summary(copy.messages()[0])
+
+
 def test_two_processes_folding_at_once_lose_no_turn(tmp_path: Path) -> None:
     # Each memory (a process of its own, on the same file) reads the same window, then
     # folds a different range of it into a summary of its own.

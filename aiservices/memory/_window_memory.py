@@ -321,12 +321,14 @@ class WindowChatMemory:
         policy = self._policy
         lead: ChatMessage | None = None
         if policy is not EVICT:
-            # A copied conversation (add(*other.messages())) brings its lead along.
+            # A copied conversation (add(*other.messages())) brings its lead along. Of
+            # several, the last leads and the others stay plain messages, as a load keeps
+            # them: each may cover turns the others do not.
             for m in messages:
                 if policy.is_lead(m):
                     lead = m
             if lead is not None:
-                messages = [m for m in messages if not policy.is_lead(m)]
+                messages = [m for m in messages if m is not lead]
         added, removed = window.add(messages)
         if self._pending:
             removed = [*self._pending, *removed]
