@@ -319,6 +319,17 @@ def build(
         {"retriever": retriever, "seed_memory": seed_memory},
     )
     toolbox = Toolbox.from_objects(list(tools), error_handler=tool_error_handler)
+    choice = parameters.tool_choice if parameters is not None else None
+    if (
+        choice not in (None, "auto", "required", "none")
+        and tool_provider is None
+        and choice not in toolbox.names
+    ):
+        known = ", ".join(repr(n) for n in toolbox.names) or "none"
+        raise InterfaceError(
+            f"parameters: tool_choice={choice!r} names no tool of the service (its tools: "
+            f"{known}); name one of them, or 'auto', 'required' or 'none'"
+        )
     state = ServiceState(
         model=chat_model,
         model_spec=model_spec,

@@ -421,3 +421,21 @@ def test_a_tool_call_cut_at_the_token_limit_ends_the_call_at_once() -> None:
     assert len(model.requests) == 1
     assert ran == []
     assert bot.get_chat_memory("dan").messages() == []
+
+
+def test_a_tool_choice_naming_no_tool_of_the_service_fails_the_build() -> None:
+    from aiservices import InterfaceError
+    from aiservices.models import ChatRequestParameters
+
+    with pytest.raises(InterfaceError, match=r"tool_choice='wether' names no tool.*'add'"):
+        service(
+            ScriptedChatModel("x"), [add], parameters=ChatRequestParameters(tool_choice="wether")
+        )
+    service(ScriptedChatModel("x"), [add], parameters=ChatRequestParameters(tool_choice="add"))
+    # Tools a provider gives per call may be the one named.
+    service(
+        ScriptedChatModel("x"),
+        [add],
+        parameters=ChatRequestParameters(tool_choice="later"),
+        tool_provider=lambda memory_id, message: [],
+    )
