@@ -95,7 +95,7 @@ def _interface_methods(
                 continue
             # A method with a body runs as written (as a Java interface's default method
             # does), on the service: it may call the methods the model answers.
-            if _is_stub(member):
+            if _is_stub(inspect.unwrap(member)):
                 methods[name] = member
                 written.pop(name, None)
             else:
@@ -145,26 +145,16 @@ def _is_stub(function: Callable[..., Any]) -> bool:
     names = [(i.opname, i.argval) for i in steps]
     if names in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)]):
         return True
+    # `raise NotImplementedError(...)`, whatever builds its arguments: the body's first load
+    # is the exception, and its one way out is the raise.
+    loads = [i for i in steps if i.opname != "PUSH_NULL"]
     return (
-        bool(steps)
+        bool(loads)
+        and loads[0].opname in ("LOAD_GLOBAL", "LOAD_NAME")
+        and loads[0].argval == "NotImplementedError"
         and steps[-1].opname == "RAISE_VARARGS"
-        and any(i.argval == "NotImplementedError" for i in steps)
-        and all(i.opname in _RAISE_STEPS for i in steps)
+        and not any(i.opname.startswith(("RETURN", "JUMP", "POP_JUMP")) for i in steps)
     )
-
-
-_RAISE_STEPS: Final = frozenset(
-    {
-        "LOAD_GLOBAL",
-        "LOAD_NAME",
-        "LOAD_CONST",
-        "PUSH_NULL",
-        "PRECALL",
-        "CALL",
-        "KW_NAMES",
-        "RAISE_VARARGS",
-    }
-)
 
 
 def _strip_annotated(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -185,11 +175,21 @@ def _admits_none(annotation: Any) -> bool:
 
 
 def _is_text_type(annotation: Any) -> bool:
-    """Whether ``annotation`` is ``str``, ``str | None`` (or says nothing)."""
+    """Whether ``annotation`` is text: ``str`` (a subclass, a ``NewType`` of it, a
+    ``Literal`` of strings, ``LiteralString``), or a union of those and ``None`` (or it says
+    nothing)."""
     base, _ = _strip_annotated(annotation)
-    if base is Any or base is str or base is inspect.Parameter.empty:
+    if base in (Any, inspect.Parameter.empty, typing.LiteralString):
         return True
-    if get_origin(base) in (Union, types.UnionType):
+    if isinstance(base, type):
+        return issubclass(base, str)
+    supertype = getattr(base, "__supertype__", None)  # a NewType
+    if supertype is not None:
+        return _is_text_type(supertype)
+    origin = get_origin(base)
+    if origin is Literal:
+        return all(isinstance(value, str) for value in get_args(base))
+    if origin in (Union, types.UnionType):
         members = [m for m in get_args(base) if m is not type(None)]
         return bool(members) and all(_is_text_type(m) for m in members)
     return False

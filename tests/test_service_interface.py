@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 from datetime import date
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Literal, LiteralString, NewType, Protocol
 
 import pytest
 from pydantic import BaseModel
@@ -496,3 +496,42 @@ def test_return_types_no_answer_could_be_fail_the_build() -> None:
     found = problems(Bot)
     assert any("has no members" in p for p in found)
     assert any("Literal[None] carries no answer" in p for p in found)
+
+
+def test_a_declared_method_stays_the_models_when_decorated_or_raising_with_details() -> None:
+    import functools
+    from collections.abc import Callable
+    from typing import Any
+
+    def logged(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    class Bot(Protocol):
+        @logged
+        def chat(self, message: str) -> str: ...
+
+        def explain(self, topic: str) -> str:
+            raise NotImplementedError(f"the model explains {topic}")
+
+    bot = ai_service(Bot, model=ScriptedChatModel("from the model", "explained"))
+    assert bot.chat("hi") == "from the model"
+    assert bot.explain("tides") == "explained"
+
+
+Handle = NewType("Handle", str)
+
+
+def test_a_user_name_may_be_any_kind_of_text() -> None:
+    class Bot(Protocol):
+        def a(self, who: Annotated[Handle, UserName], message: str) -> str: ...
+
+        def b(self, who: Annotated[Literal["ada", "bob"], UserName], message: str) -> str: ...
+
+        def c(self, who: Annotated[LiteralString | None, UserName], message: str) -> str: ...
+
+    bot = build(Bot)
+    assert bot.a(Handle("ada"), "hi") == "ok"  # type: ignore[attr-defined]
