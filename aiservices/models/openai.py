@@ -7,6 +7,7 @@ It serves OpenAI itself and any server that speaks the same API (Ollama, vLLM, L
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -83,10 +84,21 @@ def _azure_options(options: dict[str, Any], client: Any) -> None:
     token = getattr(client, "_azure_ad_token", None)
     if provider is not None or token is not None:
         options.pop("api_key", None)  # the SDK takes one kind of credential
+        if provider is not None and inspect.iscoroutinefunction(provider):
+            # Only an async client awaits it: the sync client made beside it can't use it.
+            provider = _async_provider_refused
         if provider is not None:
             options["azure_ad_token_provider"] = provider
         else:
             options["azure_ad_token"] = token
+
+
+def _async_provider_refused() -> str:
+    raise TypeError(
+        "the AsyncAzureOpenAI client given as async_client= has an async "
+        "azure_ad_token_provider, which the sync client made for chat() and stream() can't "
+        "await: pass client=AzureOpenAI(...) with a sync provider too"
+    )
 
 
 class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):

@@ -828,6 +828,27 @@ async def test_an_azure_client_with_an_entra_token_and_a_query_is_followed(
     assert made.headers["authorization"] == "Bearer entra-token"
 
 
+async def test_an_async_entra_token_provider_is_refused_by_the_sync_client_made_beside_it(
+    openai_server: OpenAIServer,
+) -> None:
+    async def token() -> str:
+        return "entra-token"
+
+    openai_server.reply_text("async")
+    async_client = openai.AsyncAzureOpenAI(
+        azure_ad_token_provider=token,
+        api_version="2025-01-01",
+        azure_endpoint=openai_server.origin,
+        max_retries=0,
+    )
+    async with async_client:
+        model = OpenAIChatModel("gpt4o", async_client=async_client)
+        await model.achat(ask())
+        with model, pytest.raises(TypeError, match="pass client=AzureOpenAI"):
+            model.chat(ask())
+    assert openai_server.last.headers["authorization"] == "Bearer entra-token"
+
+
 async def test_a_handed_in_clients_query_is_kept_by_the_client_made_beside_it(
     openai_server: OpenAIServer,
 ) -> None:
