@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._locks import TurnLock
 from .memory import ChatMemory
-from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider
+from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider, is_own_store
 from .stores._base import store_key
 
 if TYPE_CHECKING:
@@ -91,13 +91,16 @@ def _check_made(memory: object, memory_id: Hashable) -> None:
             "id=memory_id)"
         )
     made_for = getattr(memory, "id", memory_id)
+    store = getattr(memory, "store", None)
     if (
         made_for == DEFAULT_MEMORY_ID
         and memory_id != DEFAULT_MEMORY_ID
-        and getattr(memory, "store", None) is not None
+        and store is not None
+        and not is_own_store(store)
     ):
         # Made without its id: every conversation would be stored under the default one.
-        # (A memory without a store may be shared on purpose; one store key can't be.)
+        # (A memory with no store, or a store of its own, keeps to itself; a store given
+        # to the memories of several ids files them all under that one key.)
         raise TypeError(
             f"chat_memory_provider returned a memory with the default id {made_for!r} for the "
             f"memory id {memory_id!r}: every user would share one stored conversation. Make "

@@ -142,6 +142,18 @@ def test_a_stored_memory_made_without_its_id_is_refused_before_users_share_it() 
     assert shared.chat("default", "hi") == "ok"
 
 
+def test_memories_made_without_their_id_each_with_a_store_of_its_own_keep_apart() -> None:
+    # `lambda memory_id: MessageWindowChatMemory(20)`: each memory has its own store, so
+    # nothing is shared although each keeps the default id.
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=lambda memory_id: MessageWindowChatMemory(20)
+    )
+    bot.chat("alice", "My card ends in 4242")
+    bot.chat("bob", "hi")
+    assert [m.text for m in model.requests[-1].messages] == ["hi"]
+
+
 def test_a_provider_that_returns_none_is_a_type_error_naming_the_id_before_the_model() -> None:
     model = ScriptedChatModel(default="never")
     bot = ai_service(Bot, model=model, chat_memory_provider=lambda memory_id: None)  # type: ignore[arg-type,return-value]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from ..messages import ChatMessage
 
-__all__ = ["DEFAULT_MEMORY_ID", "ChatMemory", "ChatMemoryProvider"]
+__all__ = ["DEFAULT_MEMORY_ID", "ChatMemory", "ChatMemoryProvider", "is_own_store", "own_store"]
 
 DEFAULT_MEMORY_ID = "default"
 """The id of a memory made without one, and of a call whose method has no MemoryId."""
@@ -39,3 +40,20 @@ class ChatMemory(Protocol):
 
 ChatMemoryProvider: TypeAlias = Callable[[Hashable], ChatMemory]
 """Gives each memory id its own memory."""
+
+
+# Stores a memory made for itself, when it was given none: no other memory writes to them.
+_own: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def own_store(store: object) -> None:
+    """Note ``store`` as one a memory made for itself alone."""
+    _own.add(store)
+
+
+def is_own_store(store: object) -> bool:
+    """Whether ``store`` is one a memory made for itself alone."""
+    try:
+        return store in _own
+    except TypeError:  # (a store that can't be weakly referenced was never noted)
+        return False

@@ -20,6 +20,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from .._locks import TurnLock
 from ..messages import ChatMessage, new_message_id
 from ..stores._base import ChatMemoryStore
+from ._base import own_store
 from ._store_ops import AsyncMode, Change, store_ops
 from ._window import EVICT, Limit, OverflowPolicy, Window, check_limit, check_messages, message_key
 
@@ -636,7 +637,9 @@ def default_store() -> ChatMemoryStore:
     """A new ``InMemoryChatMemoryStore``."""
     from ..stores.in_memory import InMemoryChatMemoryStore
 
-    return InMemoryChatMemoryStore()
+    store = InMemoryChatMemoryStore()
+    own_store(store)
+    return store
 
 
 _M = TypeVar("_M", bound=WindowChatMemory)

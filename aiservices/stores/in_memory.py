@@ -56,7 +56,7 @@ class InMemoryChatMemoryStore:
     is_blocking: ClassVar[bool] = False
     """Its methods do no I/O: async calls use them directly, not through a worker thread."""
 
-    __slots__ = ("_conversations", "_lock", "_next_purge", "retention")
+    __slots__ = ("__weakref__", "_conversations", "_lock", "_next_purge", "retention")
 
     def __init__(self, *, retention: timedelta | None = None) -> None:
         self._conversations: dict[str, _Conversation] = {}
