@@ -775,11 +775,13 @@ class _JsonParser:
             # Any text is a value of the type (a union with str): a fenced block may hold
             # its other members' JSON, but text found inside prose is never the answer: the
             # answer is the text as written.
-            if "```" in text:
-                for match in _FENCE.finditer(text):
-                    found, value = self._try_json(match.group(1).strip(), [])
-                    if found and not isinstance(value, str):
-                        return value
+            blocks = [m.group(1).strip() for m in _FENCE.finditer(text)] if "```" in text else []
+            if stripped[:1] in ("{", "["):
+                blocks.append(stripped)  # the whole answer is JSON of another member
+            for block in blocks:
+                found, value = self._try_json(block, [])
+                if found and not isinstance(value, str):
+                    return value
             with contextlib.suppress(ValidationError):
                 return self._validate(text)
         errors: list[ValidationError] = [first]

@@ -306,6 +306,15 @@ def test_a_union_with_str_takes_prose_whole_never_a_piece_of_json_inside_it() ->
     assert parse(int | str, "42") == 42
 
 
+def test_a_union_with_str_reads_a_whole_answer_of_another_members_json_as_that() -> None:
+    # As `Verdict | None` reads it: the answer is JSON of the type, so it is not the str.
+    assert parse(Verdict | str, VERDICT) == VERDICT_VALUE
+    assert parse(Verdict | str, f"  {VERDICT}\n") == VERDICT_VALUE
+    assert parse(list[int] | str, "[1, 2]") == [1, 2]
+    assert parse(Verdict | str, '{"other": 1}') == '{"other": 1}'  # JSON of no member: text
+    assert parse(Verdict | str, f"It is {VERDICT}") == f"It is {VERDICT}"
+
+
 def test_decimals_keep_every_digit_as_written() -> None:
     class Invoice(BaseModel):
         total: Decimal
