@@ -30,7 +30,9 @@ from .models import ChatRequest, ChatResponse, TokenUsage
 
 __all__ = ["Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
 
-Reply: TypeAlias = "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply]"
+Reply: TypeAlias = (
+    "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply | None]"
+)
 """A scripted answer: text, a message, a whole response, an error to raise, or a function
 of the request that returns one of those."""
 
@@ -41,6 +43,23 @@ _ids_lock = threading.Lock()
 def _call_id() -> str:
     with _ids_lock:
         return f"call_{next(_ids)}"
+
+
+def _check_replies(replies: tuple[object, ...], where: str) -> None:
+    for reply in replies:
+        if isinstance(reply, list | tuple):
+            raise TypeError(
+                f"{where}: a reply is a str, an AiMessage, a ChatResponse, an exception or a "
+                f"callable, not a {type(reply).__name__}; pass the replies one by one: "
+                "ScriptedChatModel(*replies)"
+            )
+        if not (
+            isinstance(reply, str | AiMessage | ChatResponse | BaseException) or callable(reply)
+        ):
+            raise TypeError(
+                f"{where}: a reply is a str, an AiMessage, a ChatResponse, an exception or a "
+                f"callable (request) -> reply, not {reply!r:.60}"
+            )
 
 
 def tool_call(name: str, /, **arguments: Any) -> AiMessage:
@@ -75,6 +94,9 @@ class ScriptedChatModel:
         chunk_size: int = 4,
         model_name: str = "scripted",
     ) -> None:
+        _check_replies(replies, "ScriptedChatModel(...)")
+        if default is not None:
+            _check_replies((default,), "default=")
         self._replies: deque[Reply] = deque(replies)
         self._lock = threading.Lock()
         self.default = default
@@ -88,6 +110,7 @@ class ScriptedChatModel:
 
     def add_replies(self, *replies: Reply) -> None:
         """Queue more replies after the ones left."""
+        _check_replies(replies, "add_replies(...)")
         with self._lock:
             self._replies.extend(replies)
 
@@ -151,7 +174,7 @@ class ScriptedChatModel:
             )
         return self._respond(reply, request)
 
-    def _respond(self, reply: Reply, request: ChatRequest) -> ChatResponse:
+    def _respond(self, reply: Reply | None, request: ChatRequest) -> ChatResponse:
         while callable(reply) and not isinstance(reply, type):
             reply = reply(request)
         if isinstance(reply, BaseException):
@@ -160,7 +183,7 @@ class ScriptedChatModel:
             if reply.token_usage is None and self.usage is not None:
                 return ChatResponse(reply.ai_message, self.usage, reply.finish_reason)
             return reply
-        if isinstance(reply, str):
+        if isinstance(reply, str) or reply is None:  # (None: a callable's answer with no text)
             message = AiMessage(reply)
         elif isinstance(reply, AiMessage):
             message = reply

@@ -84,3 +84,23 @@ def test_sent_texts_summarises_a_request() -> None:
     model = ScriptedChatModel("hello")
     ai_service(Bot, model=model).chat("hi")
     assert model.sent_texts() == [("user", "hi")]
+
+
+def test_replies_given_as_a_list_are_refused_when_the_model_is_made() -> None:
+    with pytest.raises(
+        TypeError, match=r"pass the replies one by one: ScriptedChatModel\(\*replies\)"
+    ):
+        ScriptedChatModel(["a", "b"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"default=: a reply is"):
+        ScriptedChatModel(default=42)  # type: ignore[arg-type]
+    model = ScriptedChatModel()
+    with pytest.raises(TypeError, match=r"add_replies"):
+        model.add_replies(("a",))  # type: ignore[arg-type]
+
+
+def test_a_callable_reply_may_answer_with_no_text() -> None:
+    from aiservices.messages import UserMessage
+    from aiservices.models import ChatRequest
+
+    model = ScriptedChatModel(default=lambda request: None)
+    assert model.chat(ChatRequest([UserMessage("hi")])).ai_message.text is None

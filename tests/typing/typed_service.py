@@ -137,6 +137,10 @@ guarded_bot = ai_service(
 )
 assert_type(guarded_bot, Plain)
 
+# testing.md's echo: a callable reply may answer with a message's text, which may be None.
+echo = ScriptedChatModel(default=lambda request: request.messages[-1].text)
+assert_type(ai_service(Plain, model=echo), Plain)
+
 memory_id: Hashable = "alice"
 bot.evict_chat_memory(memory_id)
 
