@@ -126,6 +126,13 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
             continue
         if param.kind is inspect.Parameter.POSITIONAL_ONLY:
             positional.append((param.name, param.default))
+        if param.annotation is _EMPTY and param.name in ("self", "cls") and param is parameters[0]:
+            problems.append(
+                f"{pwhere}: this is a method taken from its class, not bound to an object; "
+                "pass an instance (tools=[Orders()] gives its @tool methods) or a bound "
+                "method (tools=[orders.find])"
+            )
+            continue
         if param.annotation is _EMPTY:
             problems.append(
                 f"{pwhere}: the parameter has no type; annotate it (`{param.name}: str`, say) "

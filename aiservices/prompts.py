@@ -30,6 +30,7 @@ def system_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T]
     text = _join(template, "system_message")
 
     def decorate(target: _T) -> _T:
+        _refuse_twice(target, SYSTEM_ATTRIBUTE, "system_message")
         setattr(target, SYSTEM_ATTRIBUTE, text)
         return target
 
@@ -46,7 +47,18 @@ def user_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T], 
     def decorate(target: _T) -> _T:
         if isinstance(target, type):
             raise TypeError("@user_message goes on a method, not on a class")
+        _refuse_twice(target, USER_ATTRIBUTE, "user_message")
         setattr(target, USER_ATTRIBUTE, text)
         return target
 
     return decorate
+
+
+def _refuse_twice(target: object, attribute: str, decorator: str) -> None:
+    # Stacked, the outer one would replace the inner without a word.
+    if attribute in getattr(target, "__dict__", {}):
+        name = getattr(target, "__qualname__", repr(target))
+        raise TypeError(
+            f"@{decorator} is given twice to {name}; give one template (a list of strings "
+            "is joined with newlines)"
+        )

@@ -69,3 +69,19 @@ def test_a_value_without_json_form_inside_a_structure_is_written_as_its_str() ->
 def test_values_are_inserted_verbatim_never_rendered_again(a: str, b: str) -> None:
     template = Template.parse("<{{a}}|{{b}}>")
     assert template.render({"a": a, "b": b}) == f"<{a}|{b}>"
+
+
+def test_a_prompt_decorator_given_twice_to_one_method_is_an_error() -> None:
+    from aiservices import system_message, user_message
+
+    with pytest.raises(TypeError, match=r"@system_message is given twice"):
+
+        @system_message("Be brief")
+        @system_message("Be kind")
+        def chat(message: str) -> str: ...
+
+    with pytest.raises(TypeError, match=r"@user_message is given twice"):
+
+        @user_message("A {{x}}")
+        @user_message("B {{x}}")
+        def ask(x: str) -> str: ...

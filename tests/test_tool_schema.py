@@ -568,3 +568,12 @@ def test_describe_validation_error_shortens_long_inputs() -> None:
     text = describe_validation_error(info.value)
     assert len(text) < 200
     assert text.endswith("...)")
+
+
+def test_a_method_taken_from_its_class_is_named_as_such() -> None:
+    class Orders:
+        def find(self, order_id: str) -> str:
+            return order_id
+
+    with pytest.raises(InterfaceError, match=r"a method taken from its class, not bound"):
+        read_signature(Orders.find, skip_first=False, where="Orders.find")
