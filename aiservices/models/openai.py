@@ -7,6 +7,7 @@ It serves OpenAI itself and any server that speaks the same API (Ollama, vLLM, L
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -71,6 +72,27 @@ _CREATE_KWARGS: Final = create_keywords(Completions.create)
 
 _SDK: Final = (openai.OpenAI, openai.AsyncOpenAI)
 _STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "json_object", "off")
+
+
+@contextlib.contextmanager
+def _format_refusal_noted(kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Add the fix to a server's refusal of a JSON-schema response format (llama.cpp's
+    server takes only ``json_object``); the error stays the SDK's own."""
+    try:
+        yield
+    except openai.APIStatusError as exc:
+        fmt = kwargs.get("response_format")
+        if (
+            isinstance(fmt, Mapping)
+            and fmt.get("type") == "json_schema"
+            and ("json_object" in str(exc))
+        ):
+            exc.add_note(
+                "The server refused the JSON-schema response format for a typed answer: make "
+                'the model with structured_output="json_object" (the schema then goes in a '
+                "json_object format, as llama.cpp's server takes it)."
+            )
+        raise
 
 
 def _azure_options(options: dict[str, Any], client: Any) -> None:
@@ -237,19 +259,25 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
 
     def chat(self, request: ChatRequest) -> ChatResponse:
         """Answer one request with a single Chat Completions call."""
-        completion = self._sync_client().chat.completions.create(**self._request(request))
+        kwargs = self._request(request)
+        with _format_refusal_noted(kwargs):
+            completion = self._sync_client().chat.completions.create(**kwargs)
         return _response(completion)
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
         """The async form of `chat`."""
-        completion = await self._async_client().chat.completions.create(**self._request(request))
+        kwargs = self._request(request)
+        with _format_refusal_noted(kwargs):
+            completion = await self._async_client().chat.completions.create(**kwargs)
         return _response(completion)
 
     def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]:
         """Yield the answer's text deltas, then one ``ChatResponse`` with the whole answer."""
         kwargs = self._request(request, stream=True)
         acc = _StreamAccumulator()
-        with self._sync_client().chat.completions.create(**kwargs) as chunks:
+        with _format_refusal_noted(kwargs):
+            made = self._sync_client().chat.completions.create(**kwargs)
+        with made as chunks:
             for chunk in chunks:
                 text = acc.add(chunk)
                 if text:
@@ -260,7 +288,8 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         """The async form of `stream`."""
         kwargs = self._request(request, stream=True)
         acc = _StreamAccumulator()
-        chunks = await self._async_client().chat.completions.create(**kwargs)
+        with _format_refusal_noted(kwargs):
+            chunks = await self._async_client().chat.completions.create(**kwargs)
         async with chunks:
             async for chunk in chunks:
                 text = acc.add(chunk)

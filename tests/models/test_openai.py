@@ -1048,3 +1048,23 @@ def test_content_sent_as_a_list_of_parts_is_read_as_its_text(
     *deltas, response = list(model.stream(ask()))
     assert deltas == ["Streamed."]
     assert response.ai_message.text == "Streamed."
+
+
+def test_a_server_refusing_the_json_schema_format_is_told_the_fix(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # llama.cpp's server: "Input should be 'text' or 'json_object'", in a 500.
+    for _ in range(2):
+        openai_server.reply_error(
+            500, "response_format: Input should be 'text' or 'json_object'", "server_error"
+        )
+    model = openai_model()
+    fmt = ResponseFormat(
+        "Verdict", {"type": "object", "properties": {}, "additionalProperties": False}
+    )
+    with pytest.raises(openai.InternalServerError) as caught:
+        model.chat(ask(response_format=fmt))
+    assert 'structured_output="json_object"' in "".join(caught.value.__notes__)
+    with pytest.raises(openai.InternalServerError) as streamed:
+        list(model.stream(ask(response_format=fmt)))
+    assert 'structured_output="json_object"' in "".join(streamed.value.__notes__)
