@@ -498,6 +498,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     state, call, value, usage, response, executions, None, tool_rounds, sources
                 )
             continue
+        replacer: Callable[..., Any] | None = None  # the guardrail whose answer this is
         if plan.output_guardrails:
             try:
                 checked = answer
@@ -505,6 +506,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     replaced = yield CALL, (guardrail, (checked,))
                     if replaced is not None:
                         checked = _checked_answer(replaced, guardrail)
+                        replacer = guardrail
             except Reprompt as reprompt:
                 if reprompts >= state.max_output_retries:
                     raise GuardrailError(
@@ -523,6 +525,15 @@ def turn(state: ServiceState, call: Call) -> Turn:
             try:
                 value = output.parse(answer.text)
             except ValueError as error:
+                if replacer is not None:
+                    # No model wrote this: asking one again cannot help.
+                    raise OutputParseError(
+                        f"{plan.qualname}: the answer output guardrail "
+                        f"{_name(replacer)} put in place could not be parsed as "
+                        f"{output.type_name}: {error}",
+                        raw_text=answer.text,
+                        attempts=retries + reprompts + 1,
+                    ) from error
                 cut = response.finish_reason
                 if cut in _NOT_ASKED_AGAIN:
                     # Asking again cannot help: the same cap cuts the answer again, and a

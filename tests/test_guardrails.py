@@ -19,6 +19,7 @@ from aiservices import (
     InterfaceError,
     MemoryId,
     MessageWindowChatMemory,
+    OutputParseError,
     Reprompt,
     Result,
     UserMessage,
@@ -425,3 +426,19 @@ def test_an_output_guardrail_may_not_answer_with_a_tool_request(
     with pytest.raises(TypeError, match="to_tool returned an AiMessage that asks for tools"):
         bot.chat("u", "Hello")
     assert store_under_test.snapshot() == before
+
+
+def test_a_guardrails_replacement_that_does_not_parse_fails_at_once_naming_it() -> None:
+    def censor(message: AiMessage) -> str:
+        return "not a number"
+
+    class Counter(Protocol):
+        @guardrails(output=[censor])
+        def count(self, text: str) -> int: ...
+
+    model = ScriptedChatModel("1", "2")
+    bot = ai_service(Counter, model=model)
+    with pytest.raises(OutputParseError, match=r"output guardrail .*censor put in place") as caught:
+        bot.count("x")
+    assert caught.value.raw_text == "not a number"
+    assert len(model.requests) == 1  # the model was not asked to correct what it never wrote
