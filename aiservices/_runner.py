@@ -10,7 +10,7 @@ It holds no rule of the turn: those are all in ``_turn``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import settled
@@ -186,7 +186,7 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         return None
     if op in (CALL, FETCH):
         function, call_args = argument
-        value = function(*call_args)
+        value = _called(function, call_args, fetch=op == FETCH)
         if inspect.isawaitable(value):
             if inspect.iscoroutine(value):
                 value.close()
@@ -370,14 +370,14 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         return None
     if op == CALL:
         function, call_args = argument
-        value = function(*call_args)
+        value = _called(function, call_args, fetch=False)
         return (await value) if inspect.isawaitable(value) else value
     if op == FETCH:
         function, call_args = argument
         if is_async(function):
             return await function(*call_args)
         try:
-            value = await in_thread(function, *call_args)
+            value = await in_thread(_called, function, call_args, fetch=True)
         except Stopped as stopped:
             raise RuntimeError(
                 f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
@@ -385,6 +385,20 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         return (await value) if inspect.isawaitable(value) else value
     toolbox, requests, memory_id, context, observer = argument
     return await toolbox.aexecute_all(requests, memory_id, context, observer)
+
+
+def _called(function: Callable[..., Any], args: tuple[Any, ...], *, fetch: bool) -> Any:
+    """``function(*args)``: a guardrail's, a retriever's or a seed's. What a fetch gives as
+    an iterator (a generator) is read here, where its body then runs: in the worker thread
+    of an async call, not on its event loop."""
+    try:
+        value = function(*args)
+        return list(value) if fetch and isinstance(value, Iterator) else value
+    except StopIteration as stop:
+        # Raised into the turn's generator, it would become "generator raised StopIteration".
+        raise RuntimeError(
+            f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
+        ) from stop
 
 
 async def _achat(model: ChatModel, request: ChatRequest) -> ChatResponse:

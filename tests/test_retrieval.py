@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Annotated, Protocol
 
 import pytest
@@ -294,3 +294,34 @@ def test_a_request_transformer_must_return_a_request() -> None:
     )
     with pytest.raises(TypeError, match="returns a ChatRequest"):
         bot.chat("hi")
+
+
+async def test_a_plain_retriever_written_as_a_generator_runs_off_the_event_loop() -> None:
+    import threading
+
+    ran_on: list[str] = []
+
+    def retrieve(query: str, memory_id: object) -> Iterator[str]:
+        ran_on.append(threading.current_thread().name)
+        yield f"about {query}"
+
+    class Bot(Protocol):
+        async def ask(self, text: str) -> str: ...
+
+    model = ScriptedChatModel("ok")
+    bot = ai_service(Bot, model=model, retriever=retrieve)
+    assert await bot.ask("tides") == "ok"
+    assert ran_on != [threading.current_thread().name]
+    assert "about tides" in (model.requests[0].messages[-1].text or "")
+
+
+def test_a_stop_iteration_from_a_guardrail_names_it() -> None:
+    def picky(text: str) -> str:
+        return next(word for word in ["spam"] if word in text)
+
+    class Bot(Protocol):
+        def ask(self, text: str) -> str: ...
+
+    bot = ai_service(Bot, model=ScriptedChatModel("ok"), input_guardrails=[picky])
+    with pytest.raises(RuntimeError, match=r"picky' raised StopIteration"):
+        bot.ask("hello")
