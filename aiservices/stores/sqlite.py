@@ -73,6 +73,7 @@ _log = logging.getLogger("aiservices.stores")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _COLUMNS = "memory_key, seq, message_id, turn_id, created_at, stored_at, message"
+_SQLITE_BUSY: Final = 5
 # Seconds a write may run on the store's thread before async reads stop queuing behind it
 # (a write takes well under a millisecond unless it waits on a lock).
 _STALLED: Final = 0.05
@@ -257,7 +258,7 @@ class SqliteChatMemoryStore:
         try:
             # The first statements read the file and create the WAL beside it: where a file
             # that can't be opened, or a directory that can't be written, shows.
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             self._check_schema(conn)
         except sqlite3.DatabaseError as exc:
@@ -300,6 +301,21 @@ class SqliteChatMemoryStore:
                 yield
         finally:
             lock.release()
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Put the file in WAL mode, waiting up to the timeout for connections of other
+        processes opening a new file at once: SQLite answers "database is locked" to all
+        but one of them at once, without its busy handler."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == _SQLITE_BUSY
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
 
     def _check_file(self) -> None:
         """Raise if the database file is no longer the one the store opened."""

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -550,3 +551,29 @@ def test_a_database_file_deleted_or_replaced_takes_no_more_writes(
     assert len(errors) == 1
     assert path.exists() == replaced
     store.close()
+
+
+def _open_new_file(path: str, start: Any, results: Any) -> None:
+    start.wait(30)
+    try:
+        SqliteChatMemoryStore(path).close()
+        results.put("ok")
+    except Exception as exc:
+        results.put(repr(exc))
+
+
+def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    # All but one of them are told "database is locked" at once while the file turns to WAL.
+    context = multiprocessing.get_context("fork")
+    for trial in range(12):
+        path = str(tmp_path / f"new-{trial}.db")
+        start, results = context.Barrier(6), context.Queue()
+        workers = [
+            context.Process(target=_open_new_file, args=(path, start, results)) for _ in range(6)
+        ]
+        for worker in workers:
+            worker.start()
+        outcomes = [results.get(timeout=60) for _ in workers]
+        for worker in workers:
+            worker.join(30)
+        assert outcomes == ["ok"] * 6, outcomes

@@ -488,7 +488,7 @@ def _append_in_process(
 ) -> None:
     store = opener()
     try:
-        start.wait()
+        start.wait(60)  # (a writer that failed to open must not hang the others)
         for i in range(turns):
             store.apply_changes(memory_id, appended=[user(f"{writer}:{i}")], removed=[])
     finally:
