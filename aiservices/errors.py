@@ -19,7 +19,7 @@ Provider and store errors keep their own types (an ``openai.RateLimitError``, a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "AiServiceError",
@@ -34,6 +34,18 @@ __all__ = [
 
 class AiServiceError(Exception):
     """Base class of every error aiservices raises itself."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (sent to another process), an error comes back with its message and its
+        # attributes, whatever its constructor's keyword arguments.
+        return _remade, (type(self), self.args, self.__dict__)
+
+
+def _remade(kind: type[AiServiceError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = kind.__new__(kind)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class InterfaceError(AiServiceError, TypeError):

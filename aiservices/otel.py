@@ -97,7 +97,8 @@ class OpenTelemetryListener:
 
     def on_tool_start(self, call: CallInfo, request: ToolExecutionRequest) -> None:
         spans = call.attributes.setdefault(_TOOLS, {})
-        spans[request.id] = self._child(
+        # By the request object: a model may give two requests one id.
+        spans[id(request)] = self._child(
             call,
             f"execute_tool {request.name}",
             {
@@ -109,7 +110,7 @@ class OpenTelemetryListener:
         )
 
     def on_tool_end(self, call: CallInfo, execution: ToolExecution) -> None:
-        span: Span | None = call.attributes.get(_TOOLS, {}).pop(execution.request.id, None)
+        span: Span | None = call.attributes.get(_TOOLS, {}).pop(id(execution.request), None)
         if span is None:
             return
         if execution.error is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Protocol
 
 import pytest
@@ -139,3 +140,33 @@ def test_a_tool_span_times_its_own_tool(exporter: InMemorySpanExporter) -> None:
     assert fast_span.start_time is not None
     # A sync call runs them one after another: each span holds its tool's run only.
     assert slow_span.end_time <= fast_span.start_time
+
+
+def test_two_tool_requests_with_one_id_each_end_their_span(
+    exporter: InMemorySpanExporter,
+) -> None:
+    from aiservices import AiMessage, ToolExecutionRequest
+
+    twins = AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest("same", "double", '{"n": 1}'),
+            ToolExecutionRequest("same", "double", '{"n": 2}'),
+        ]
+    )
+
+    class ABot(Protocol):
+        async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bot = ai_service(
+        ABot,
+        model=ScriptedChatModel(twins, "done"),
+        tools=[double],
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+    # An async call runs the two tools at once: both spans are open together.
+    asyncio.run(bot.chat("a", "double them"))
+    tools = [s for s in exporter.get_finished_spans() if s.name == "execute_tool double"]
+    assert len(tools) == 2

@@ -111,3 +111,20 @@ def test_the_retry_message_carries_the_schema() -> None:
     feedback = model.requests[1].messages[-1].text
     assert '"sentiment"' in feedback
     assert "JSON schema" in feedback
+
+
+def test_the_library_errors_survive_pickling() -> None:
+    import pickle
+
+    from aiservices import GuardrailError, InterfaceError, OutputParseError, ToolLimitError
+
+    for error in (
+        OutputParseError("bad answer", raw_text="x", attempts=2),
+        ToolLimitError("too many", limit=3),
+        InterfaceError(["a", "b"]),
+        GuardrailError("no", message="refused"),
+    ):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error)
+        assert str(again) == str(error)
+        assert vars(again) == vars(error)
