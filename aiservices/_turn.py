@@ -525,37 +525,34 @@ def turn(state: ServiceState, call: Call) -> Turn:
             try:
                 value = output.parse(answer.text)
             except ValueError as error:
+                cut = response.finish_reason
+                attempts = retries + reprompts + 1
                 if replacer is not None:
                     # No model wrote this: asking one again cannot help.
-                    raise OutputParseError(
-                        f"{plan.qualname}: the answer output guardrail "
-                        f"{_name(replacer)} put in place could not be parsed as "
-                        f"{output.type_name}: {error}",
-                        raw_text=answer.text,
-                        attempts=retries + reprompts + 1,
-                    ) from error
-                cut = response.finish_reason
-                if cut in _NOT_ASKED_AGAIN:
+                    why = (
+                        f"the answer output guardrail {_name(replacer)} put in place could "
+                        f"not be parsed as {output.type_name}: {error}"
+                    )
+                elif cut in _NOT_ASKED_AGAIN:
                     # Asking again cannot help: the same cap cuts the answer again, and a
                     # refusal is no answer to correct.
-                    raise OutputParseError(
-                        f"{plan.qualname}: the answer could not be parsed as "
-                        f"{output.type_name}: {_NOT_ASKED_AGAIN[cut]}",
-                        raw_text=answer.text,
-                        attempts=retries + reprompts + 1,
-                    ) from error
-                if retries >= state.max_output_retries:
-                    raise OutputParseError(
-                        f"{plan.qualname}: the answer could not be parsed as "
-                        f"{output.type_name} after {retries + reprompts + 1} attempt(s): "
-                        f"{error}",
-                        raw_text=answer.text,
-                        attempts=retries + reprompts + 1,
-                    ) from error
-                retries += 1
-                # Asked again with the error; neither the answer nor the error is recorded.
-                sent = [*sent, answer, _feedback(error, response_format)]
-                continue
+                    why = (
+                        f"the answer could not be parsed as {output.type_name}: "
+                        f"{_NOT_ASKED_AGAIN[cut]}"
+                    )
+                elif retries >= state.max_output_retries:
+                    why = (
+                        f"the answer could not be parsed as {output.type_name} after "
+                        f"{attempts} attempt(s): {error}"
+                    )
+                else:
+                    retries += 1
+                    # Asked again with the error; neither the answer nor the error is recorded.
+                    sent = [*sent, answer, _feedback(error, response_format)]
+                    continue
+                raise OutputParseError(
+                    f"{plan.qualname}: {why}", raw_text=answer.text, attempts=attempts
+                ) from error
             ai = _stamped(answer, turn_id)
         recorded.append(ai)
         if keep:
