@@ -528,7 +528,7 @@ class RedisChatMemoryStore:
         """
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed, history_only if self.keep_history else ())
+        args, texts = _apply_args(appended, removed, history_only, self.keep_history)
         deadline = self._deadline(keys, started)
         result = self._call(_APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
         self._applied(memory_id, result, appended, texts)
@@ -626,7 +626,7 @@ class RedisChatMemoryStore:
             )
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed, history_only if self.keep_history else ())
+        args, texts = _apply_args(appended, removed, history_only, self.keep_history)
         deadline = await self._adeadline(client, keys, started)
         result = await self._acall(client, _APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
         self._applied(memory_id, result, appended, texts)
@@ -1041,10 +1041,13 @@ _PLAN_TRIES = 20  # writers changing the window between a plan and its execution
 def _apply_args(
     appended: Sequence[ChatMessage],
     removed: Collection[str],
-    history_only: Sequence[ChatMessage] = (),
+    history_only: Sequence[ChatMessage],
+    keep_history: bool,
 ) -> tuple[list[Any], list[str]]:
     """The arguments of ``_APPLY`` after the flags and the deadline, and the texts appended
-    (``history_only``'s first)."""
+    (``history_only``'s first; none without history)."""
+    if not keep_history:
+        history_only = ()
     every = [*history_only, *appended] if history_only else appended
     new_ids = appended_ids(every)
     texts = [message_to_json(m) for m in every]

@@ -436,7 +436,8 @@ class SqliteChatMemoryStore:
                     if conn.execute(self._sql.has_id, (key, m.message_id)).fetchone():
                         raise duplicate_id_error(m.message_id, memory_id)
                 when = _now()
-                rows = self._rows(key, history_only, None, last=last)
+                texts = [message_to_json(m) for m in history_only]
+                rows = self._rows(key, history_only, texts, last=last)
                 conn.executemany(self._sql.insert_history, [(*row, when) for row in rows])
                 last += len(history_only)
             if appended:
@@ -735,14 +736,12 @@ class SqliteChatMemoryStore:
     def _rows(
         key: str | bytes,
         messages: Sequence[ChatMessage],
-        texts: Sequence[str] | None,
+        texts: Sequence[str],
         *,
         last: int,
     ) -> list[tuple[Any, ...]]:
-        """The rows of ``messages``, numbered after ``last``."""
+        """The rows of ``messages`` (``texts`` their JSON), numbered after ``last``."""
         stored_at = time.time()
-        if texts is None:
-            texts = [message_to_json(m) for m in messages]
         return [
             (
                 key,
@@ -927,7 +926,7 @@ def _locked(path: str, timeout: float, by: str) -> sqlite3.OperationalError:
         f"database is locked: {by} held {path!r} for the whole timeout ({timeout:g} s); "
         "try again, or make the store with a larger timeout="
     )
-    error.sqlite_errorcode = 5
+    error.sqlite_errorcode = _SQLITE_BUSY
     error.sqlite_errorname = "SQLITE_BUSY"
     return error
 
