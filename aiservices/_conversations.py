@@ -22,7 +22,7 @@ from .stores._base import store_key
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Conversation", "Conversations", "erase", "key_of", "settled", "to_the_end"]
+__all__ = ["Conversation", "Conversations", "aerase", "erase", "key_of", "settled", "to_the_end"]
 
 
 def key_of(memory_id: Hashable) -> str:
@@ -207,12 +207,7 @@ class Conversations:
         """`forget` without blocking the event loop."""
         entry = await self.ahold(entry, memory_id, key)
         try:
-            if entry.blocking:
-                import asyncio
-
-                await settled(asyncio.to_thread(erase, entry.memory))
-            else:
-                erase(entry.memory)
+            await aerase(entry)
         finally:
             entry.lock.release()
         self._forgot(key)
@@ -222,6 +217,18 @@ class Conversations:
             self._forgotten += 1
         if key is not None:
             self.evict(key)
+
+    def drop_held(self, entry: Conversation, key: str, *, forgotten: bool) -> None:
+        """Drop ``entry`` from the cache while its caller holds its lock (the next caller
+        makes a new one); ``forgotten``: its conversation was just erased."""
+        with self._lock:
+            if forgotten:
+                self._forgotten += 1
+            if self._table.get(key) is entry:
+                entry.retired = True
+                del self._table[key]
+                self._retired_turns += entry.turns
+                self._retired_evictions += _evicted_while_cached(entry)
 
     def _make(self, memory_id: Hashable, key: str) -> Conversation:
         provider = self._provider
@@ -338,6 +345,17 @@ def erase(memory: ChatMemory) -> None:
     finally:
         if forget is not None:
             forget(memory.id)
+
+
+async def aerase(entry: Conversation) -> None:
+    """`erase` ``entry``'s memory without blocking the event loop, to its end even when the
+    caller is cancelled meanwhile."""
+    if entry.blocking:
+        import asyncio
+
+        await settled(asyncio.to_thread(erase, entry.memory))
+    else:
+        erase(entry.memory)
 
 
 async def settled(write: Coroutine[Any, Any, Any]) -> Any:

@@ -13,13 +13,14 @@ import inspect
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._conversations import settled
+from ._conversations import aerase, erase, settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._threads import Stopped, in_thread, is_async
 from ._turn import (
     CALL,
     COMMIT,
+    END,
     FETCH,
     MODEL,
     READ,
@@ -161,7 +162,7 @@ _Stream = TypeVar("_Stream", Generator[StreamEvent, None, None], AsyncGenerator[
 def _opened(call: Call, stream: _Stream) -> _Stream:
     """``stream``, noted by the scope whose conversation it uses (closed when it ends)."""
     if call.scope is not None:
-        call.scope.opened(stream)
+        call.scope.opened(stream, call)
     return stream
 
 
@@ -183,6 +184,12 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         conversation.memory.add(*messages)  # type: ignore[union-attr]
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
+        return None
+    if op == END:
+        conversations, key, how = argument
+        if how == "forget":
+            erase(conversation.memory)  # type: ignore[union-attr]
+        conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
     if op in (CALL, FETCH):
         function, call_args = argument
@@ -276,6 +283,10 @@ async def _atexts(events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[s
 async def _aevents(
     state: ServiceState, call: Call, box: ResultBox
 ) -> AsyncGenerator[StreamEvent, None]:
+    if call.scope is not None:
+        import asyncio
+
+        call.loop = asyncio.get_running_loop()
     conversation = await _ahold(state, call)
     completed = False
     try:
@@ -367,6 +378,12 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             memory.add(*messages)
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
+        return None
+    if op == END:
+        conversations, key, how = argument
+        if how == "forget":
+            await aerase(conversation)  # type: ignore[arg-type]
+        conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
     if op == CALL:
         function, call_args = argument

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CALL",
     "COMMIT",
+    "END",
     "FETCH",
     "MODEL",
     "READ",
@@ -80,6 +81,9 @@ CALL: Final = 4  # (function, args) -> what it returns, awaited in async calls
 # As CALL, for a function that may wait on I/O (a retriever, a seed): in async calls, a plain
 # one runs in a worker thread.
 FETCH: Final = 5
+# (conversations, key, "forget" or "evict") -> None: end the held conversation as a scope
+# that ended meanwhile did.
+END: Final = 6
 
 Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
 
@@ -220,6 +224,9 @@ class Call:
     user_name: str | None
     context: object = None
     scope: MemoryScope | None = None  # the scope whose conversation the call uses
+    # The event loop an async stream in a scope runs on, once it started (its scope's exit
+    # closes it there).
+    loop: object = None
     info: CallInfo | None = None
 
 
@@ -492,11 +499,8 @@ def turn(state: ServiceState, call: Call) -> Turn:
             executions += results
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)
-                if keep:
-                    yield COMMIT, (recorded, request, response)
-                return _finish(
-                    state, call, value, usage, response, executions, None, tool_rounds, sources
-                )
+                final: AiMessage | None = None
+                break
             continue
         replacer: Callable[..., Any] | None = None  # the guardrail whose answer this is
         if plan.output_guardrails:
@@ -555,9 +559,17 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 ) from error
             ai = _stamped(answer, turn_id)
         recorded.append(ai)
-        if keep:
-            yield COMMIT, (recorded, request, response)
-        return _finish(state, call, value, usage, response, executions, ai, tool_rounds, sources)
+        final = ai
+        break
+    if keep:
+        yield COMMIT, (recorded, request, response)
+        scope = call.scope
+        if scope is not None and scope.left and scope.on_exit != "keep":
+            # The scope's block ended while this turn ran (or before it began, in a task
+            # started inside): its exit found nothing of this turn to end, so the turn ends
+            # its conversation as the exit did.
+            yield END, (state.conversations, call.key, scope.on_exit)
+    return _finish(state, call, value, usage, response, executions, final, tool_rounds, sources)
 
 
 def _stamped(answer: AiMessage, turn_id: str | None) -> AiMessage:

@@ -45,13 +45,20 @@ class _Service(Protocol):
 
 _Stream: TypeAlias = Generator[object, None, None] | AsyncGenerator[object, None]
 
+
+class _StreamCall(Protocol):
+    # What a scope reads of a stream's call: the event loop an async stream started on
+    # (None before it starts).
+    loop: object
+
+
 _current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope", default=None)
 
 
 class MemoryScope:
     """An active (or ready) scope: ``memory_id`` is its conversation's id in every service."""
 
-    __slots__ = ("_lock", "_services", "_streams", "_token", "memory_id", "on_exit")
+    __slots__ = ("_lock", "_services", "_streams", "_token", "left", "memory_id", "on_exit")
 
     def __init__(self, memory_id: Hashable, on_exit: OnExit) -> None:
         self.memory_id = memory_id
@@ -62,7 +69,10 @@ class MemoryScope:
         self._token: Token[MemoryScope | None] | None = None
         # Streams started inside the block, closed when it ends forgetting: an unfinished
         # one holds its conversation, which forgetting would otherwise wait for forever.
-        self._streams: weakref.WeakSet[_Stream] | None = None
+        self._streams: weakref.WeakKeyDictionary[_Stream, _StreamCall] | None = None
+        # Set when the block ends: a call still running then (or made later, by a task
+        # started inside) ends its own conversation as the exit did, after its commit.
+        self.left = False
 
     def __repr__(self) -> str:
         return f"MemoryScope({self.memory_id!r}, on_exit={self.on_exit!r})"
@@ -74,18 +84,18 @@ class MemoryScope:
             with self._lock:
                 services.setdefault(id(service), service)
 
-    def opened(self, stream: _Stream) -> None:
+    def opened(self, stream: _Stream, call: _StreamCall) -> None:
         """Note a stream started in this scope: a forgetting exit closes it, unfinished."""
         with self._lock:
             if self._streams is None:
-                self._streams = weakref.WeakSet()
-            self._streams.add(stream)
+                self._streams = weakref.WeakKeyDictionary()
+            self._streams[stream] = call
 
-    def _open_streams(self) -> list[_Stream]:
+    def _open_streams(self) -> list[tuple[_Stream, _StreamCall]]:
         # Only a forgetting exit waits for the conversation (evicting never waits), and a
         # kept conversation's stream may still be read after the block.
         with self._lock:
-            streams = list(self._streams or ())
+            streams = list((self._streams or {}).items())
             self._streams = None
         return streams if self.on_exit == "forget" else []
 
@@ -93,12 +103,14 @@ class MemoryScope:
         if self._token is not None:
             raise RuntimeError(f"{self!r} is already active; make a new memory_scope(...)")
         self._token = _current.set(self)
+        self.left = False
         return self
 
-    def _leave(self) -> list[_Service]:
+    def _leave(self, *, ending: bool = True) -> list[_Service]:
         token, self._token = self._token, None
         assert token is not None
         with self._lock:
+            self.left = ending
             services = list(self._services.values())
             self._services.clear()
         # Left in another context than it was entered in (an async generator finalised by
@@ -113,21 +125,26 @@ class MemoryScope:
     def __exit__(self, *exc_info: object) -> None:
         errors: list[Exception] = []
         stuck = False
-        for stream in self._open_streams():
-            if isinstance(stream, Generator):
-                # Running in another thread (ValueError): the exit waits for it to end.
-                with contextlib.suppress(ValueError):
-                    stream.close()
-            elif _on_event_loop():
-                # A plain `with` in async code: this thread's loop, which would finish the
-                # stream, is the one the exit would block.
-                stuck = not _close_here(stream) or stuck
-        services = self._leave()
+        try:
+            for stream, call in self._open_streams():
+                try:
+                    if isinstance(stream, Generator):
+                        # Running in another thread (ValueError): the exit waits for it.
+                        with contextlib.suppress(ValueError):
+                            stream.close()
+                    else:
+                        stuck = not _close_async(stream, call.loop) or stuck
+                except Exception as error:  # a stream whose close failed has still ended
+                    errors.append(error)
+        finally:
+            # Whatever closing the streams did, the block is left.
+            services = self._leave(ending=not stuck)
         if stuck:
             raise RuntimeError(
                 f"{self!r} ended with a plain `with` while an async stream started in it was "
-                "unfinished; forgetting its conversation would wait for that stream on the "
-                "event loop this exit blocks, so nothing was forgotten. Use `async with "
+                "unfinished; forgetting its conversation would wait for that stream on an "
+                "event loop that this exit blocks (or that no longer runs), so nothing was "
+                "forgotten. Use `async with "
                 "memory_scope(...)`, or read the stream to its end or `await stream.aclose()` "
                 "inside the block"
             )
@@ -146,15 +163,26 @@ class MemoryScope:
 
     async def __aexit__(self, *exc_info: object) -> None:
         errors: list[Exception] = []
-        for stream in self._open_streams():
-            # Running elsewhere (ValueError, RuntimeError): the exit waits for it to end.
-            with contextlib.suppress(ValueError, RuntimeError):
-                if isinstance(stream, AsyncGenerator):
-                    await stream.aclose()
-                else:
-                    stream.close()
         cancelled: BaseException | None = None
-        for service in self._leave():
+        try:
+            for stream, _ in self._open_streams():
+                try:
+                    if isinstance(stream, AsyncGenerator):
+                        # To its end even when cancelled meanwhile: half closed, a stream
+                        # would hold its conversation, which the forget below waits for.
+                        await _to_the_end(_aclosed(stream))
+                    else:
+                        with contextlib.suppress(ValueError):
+                            stream.close()
+                except _Cancelled as stopped:
+                    cancelled = stopped.error
+                    if stopped.failed is not None:
+                        errors.append(stopped.failed)
+                except Exception as error:  # a stream whose close failed has still ended
+                    errors.append(error)
+        finally:
+            services = self._leave()
+        for service in services:
             try:
                 if self.on_exit == "forget":
                     await _to_the_end(service.aforget(self.memory_id))
@@ -175,13 +203,35 @@ class MemoryScope:
         _raise(errors)
 
 
-def _on_event_loop() -> bool:
+def _running_loop() -> object:
     import asyncio
 
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
+        return None
+
+
+async def _aclosed(stream: AsyncGenerator[object, None]) -> None:
+    # Running elsewhere (ValueError, RuntimeError): the exit waits for it to end.
+    with contextlib.suppress(ValueError, RuntimeError):
+        await stream.aclose()
+
+
+def _close_async(stream: AsyncGenerator[object, None], loop: object) -> bool:
+    """Close an async stream from a plain `with`; ``False`` if only an event loop that this
+    exit blocks (or one that no longer runs) could finish closing it."""
+    import asyncio
+
+    here = _running_loop()
+    if loop is None or loop is here:
+        # Not started (closing it runs nothing), or on this thread's loop.
+        return _close_here(stream)
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+    if not loop.is_running():
         return False
+    # On another thread's loop: closed there, while this thread waits.
+    asyncio.run_coroutine_threadsafe(_aclosed(stream), loop).result()
     return True
 
 
@@ -198,7 +248,11 @@ def _close_here(stream: AsyncGenerator[object, None]) -> bool:
     import asyncio
 
     # It awaits something only the loop can finish (a provider's HTTP response closing).
-    finishing = asyncio.get_running_loop().create_task(_finish(closing, waited))
+    loop = _running_loop()
+    if loop is None:
+        return False
+    assert isinstance(loop, asyncio.AbstractEventLoop)
+    finishing = loop.create_task(_finish(closing, waited))
     _FINISHING.add(finishing)
     finishing.add_done_callback(_FINISHING.discard)
     return False

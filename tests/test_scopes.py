@@ -136,6 +136,74 @@ def test_evict_on_exit_keeps_the_stored_conversation_and_drops_the_cached_memory
     assert made == ["s", "s"]  # made again after the eviction
 
 
+def test_a_late_turn_of_a_forgetting_scope_leaves_no_history(tmp_path: Path) -> None:
+    # A turn that ends after its scope forgot (it was starting when the block ended, or a
+    # task started inside calls later) erases what it recorded, history included.
+    store = SqliteChatMemoryStore(tmp_path / "chat.db", keep_history=True)
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=1, store=store),
+    )
+
+    async def main() -> tuple[str, Hashable]:
+        ended = asyncio.Event()
+
+        async def later() -> str:
+            await ended.wait()
+            return await bot.chat("my card number is 4111")
+
+        async with memory_scope() as scope:
+            await bot.chat("hi")
+            task = asyncio.create_task(later())
+        ended.set()
+        return await task, scope.memory_id
+
+    answer, memory_id = asyncio.run(main())
+    assert answer == "ok"  # the caller gets its answer; nothing of it stays
+    assert store.get_messages(memory_id) == []
+    assert store.get_history(memory_id) == []
+    assert list(store.memory_ids()) == []
+    store.close()
+
+
+@pytest.mark.parametrize("on_exit", ["forget", "evict", "keep"])
+def test_a_task_started_in_a_scope_that_calls_after_it_ended_follows_its_exit(
+    on_exit: Any,
+) -> None:
+    made: list[Hashable] = []
+    store = InMemoryChatMemoryStore()
+
+    def provider(memory_id: Hashable) -> MessageWindowChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id, store=store)
+
+    bot = ai_service(AsyncBot, model=ScriptedChatModel(default="ok"), chat_memory_provider=provider)
+
+    async def main() -> Hashable:
+        ended = asyncio.Event()
+
+        async def later() -> str:
+            await ended.wait()
+            return await bot.chat("after the block")  # the task's context still has the scope
+
+        async with memory_scope(on_exit=on_exit) as scope:
+            task = asyncio.create_task(later())
+        ended.set()
+        assert await task == "ok"
+        return scope.memory_id
+
+    memory_id = asyncio.run(main())
+    stored = [m.text for m in store.get_messages(memory_id)]
+    assert stored == ([] if on_exit == "forget" else ["after the block", "ok"])
+    stats = bot.conversation_stats()
+    # Forgotten or evicted, the memory left the cache with the turn; kept, it stays.
+    assert stats.cached_conversations == (1 if on_exit == "keep" else 0)
+    assert stats.conversations_forgotten == (1 if on_exit == "forget" else 0)
+    assert stats.turns_committed == 1
+    assert made == [memory_id]
+
+
 def test_keep_on_exit_leaves_everything() -> None:
     made: list[Hashable] = []
 
@@ -529,6 +597,131 @@ def test_a_plain_with_in_async_code_says_why_it_cannot_end_a_stream_still_runnin
     assert "nothing was forgotten" in str(error)
     assert chunks == ["Hel", "lo"]
     assert [m.text for m in store.get_messages("s")] == ["hi", "Hello"]
+
+
+def test_a_plain_with_closes_an_async_stream_paused_on_another_threads_loop() -> None:
+    # Sync code that drives async calls on a long-lived loop in a background thread.
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncStreamingBot,
+        model=ScriptedChatModel(default="Hello there, how are you?", chunk_size=2),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    left: list[str] = []
+
+    def handler() -> None:
+        with memory_scope("s"):
+            bot.chat("before").__aiter__()  # made, never started
+            stream = bot.chat("hi")
+            first = asyncio.run_coroutine_threadsafe(anext(stream), loop).result(5)  # type: ignore[arg-type]
+            assert first == "He"
+        left.append("left")
+
+    try:
+        thread = threading.Thread(target=handler, daemon=True)
+        thread.start()
+        thread.join(5)
+        assert not thread.is_alive(), "the exit waited forever for a stream paused elsewhere"
+        assert left == ["left"]
+        assert store.get_messages("s") == []
+        # The conversation is free: a call on the loop runs at once.
+        follow = asyncio.run_coroutine_threadsafe(_read(bot.chat("again")), loop)
+        assert follow.result(5) == "Hello there, how are you?"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()
+
+
+async def _read(stream: Any) -> str:
+    return "".join([chunk async for chunk in stream])
+
+
+class _CloseFails:
+    """Streams; closing its stream early raises, as an HTTP response's close can, or takes
+    a moment (``close_delay``)."""
+
+    def __init__(self, close_delay: float = 0.0) -> None:
+        self.close_delay = close_delay
+
+    def chat(self, request: Any) -> Any:
+        from aiservices.models import ChatResponse
+
+        return ChatResponse(AiMessage("hello there"))
+
+    async def astream(self, request: Any) -> AsyncIterator[Any]:
+        try:
+            yield "hello "
+            yield "there"
+            yield self.chat(request)
+        finally:
+            if self.close_delay:
+                await asyncio.sleep(self.close_delay)
+            else:
+                raise OSError("connection reset while closing the response")
+
+
+class ScopedStreams(ChatMemoryAccess, Protocol):
+    def stream(self, text: str) -> AsyncIterator[str]: ...
+
+    async def chat(self, text: str) -> str: ...
+
+
+def test_a_stream_whose_close_fails_does_not_keep_the_scope_from_ending() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        ScopedStreams,
+        model=_CloseFails(),
+        chat_memory_provider=MessageWindowChatMemory.provider(20, store=store),
+    )
+
+    async def main() -> None:
+        raised: BaseException | None = None
+        try:
+            async with memory_scope():
+                await bot.chat("my card number is 4111")
+                await anext(bot.stream("and now a story"))  # type: ignore[arg-type]
+        except OSError as error:
+            raised = error
+        assert "connection reset" in str(raised)
+        assert current_memory_scope() is None
+        assert list(store.memory_ids()) == []  # forgotten all the same
+        await bot.chat("after the block")
+        assert list(store.memory_ids()) == ["default"]
+
+    asyncio.run(main())
+
+
+def test_a_scope_cancelled_while_it_closes_a_stream_still_ends() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        ScopedStreams,
+        model=_CloseFails(close_delay=0.2),
+        chat_memory_provider=MessageWindowChatMemory.provider(20, store=store),
+    )
+    seen: list[Any] = []
+
+    async def handler() -> None:
+        try:
+            async with memory_scope():
+                await bot.chat("private details")
+                await anext(bot.stream("a story"))  # type: ignore[arg-type]
+        finally:
+            seen.append(current_memory_scope())
+
+    async def main() -> None:
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0.1)  # the exit is closing the stream
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+
+    asyncio.run(main())
+    assert seen == [None]
+    assert list(store.memory_ids()) == []
 
 
 @pytest.mark.parametrize("on_exit", ["keep", "evict"])
