@@ -29,6 +29,7 @@ from uuid import UUID
 import typing_extensions
 from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
+from pydantic_core import PydanticCustomError
 
 from .errors import OutputParseError
 from .messages import AiMessage, ChatMessage
@@ -142,6 +143,7 @@ def _plan(annotation: Any) -> OutputPlan:
         admits_none,
         shown,
         exact_decimals=_decimals_only(annotation),
+        fields=_fields_if_all_optional(annotation),
     ).parser()
     return OutputPlan(
         annotation,
@@ -208,9 +210,9 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
         return tp if prepared is value else dict[key, prepared]  # type: ignore[valid-type]
     if isinstance(tp, typing_extensions.TypeAliasType):
         return _prepare(tp.__value__, typeddicts, lenient=lenient)
-    if hasattr(tp, "__supertype__"):  # typing.NewType
-        _prepare(tp.__supertype__, typeddicts, lenient=lenient)
-        return tp
+    if hasattr(tp, "__supertype__"):  # typing.NewType: its values are the supertype's
+        prepared = _prepare(tp.__supertype__, typeddicts, lenient=lenient)
+        return tp if prepared is tp.__supertype__ else prepared
     if isinstance(tp, type):
         return _prepare_class(tp, typeddicts, lenient=lenient)
     if isinstance(origin, type) and (
@@ -358,17 +360,69 @@ def _strip_required(tp: Any) -> Any:
     return tp
 
 
+def _unaliased(tp: Any) -> Any:
+    """``tp`` with its NewType and ``type X = ...`` aliases resolved, and ``Annotated``
+    stripped: the type its values are."""
+    while True:
+        tp = _strip_annotated(tp)
+        if isinstance(tp, typing_extensions.TypeAliasType):
+            tp = tp.__value__
+        elif hasattr(tp, "__supertype__"):
+            tp = tp.__supertype__
+        else:
+            return tp
+
+
 def _is_scalar(tp: Any) -> bool:
     """Whether the answer may be a bare token (``2024-05-01``, ``POSITIVE``)."""
-    tp = _strip_annotated(tp)
+    tp = _unaliased(tp)
     origin = get_origin(tp)
     if origin in _UNION_ORIGINS:
         return all(m is _NONE_TYPE or _is_scalar(m) for m in get_args(tp))
     if origin is Literal:
         return True
-    if hasattr(tp, "__supertype__"):
-        return _is_scalar(tp.__supertype__)
     return tp in _SCALARS or (isinstance(tp, type) and issubclass(tp, enum.Enum))
+
+
+def _fields_if_all_optional(tp: Any) -> frozenset[str] | None:
+    """The keys an object of ``tp`` may hold, when ``tp`` is an object type none of whose
+    fields is required (a model, dataclass or TypedDict); else ``None``.
+
+    Any JSON object validates as such a type (unknown keys are ignored, missing fields take
+    their defaults), so an answer wrapped as ``{"value": {...}}`` would be read as the
+    defaults: an object with none of these keys is not taken as one of its values.
+    """
+    tp = _unaliased(tp)
+    kind = get_origin(tp) or tp
+    if not isinstance(kind, type):
+        return None
+    keys: set[str] = set()
+    if issubclass(kind, BaseModel):
+        if kind.model_config.get("extra") == "allow":
+            return None  # any key is data
+        for name, field in kind.model_fields.items():
+            if field.is_required():
+                return None
+            keys.add(name)
+            for alias in (field.alias, field.validation_alias):
+                if isinstance(alias, str):
+                    keys.add(alias)
+                elif alias is not None:
+                    return None  # AliasChoices, AliasPath: not worth reading
+    elif dataclasses.is_dataclass(kind):
+        for entry in dataclasses.fields(kind):
+            missing = dataclasses.MISSING
+            if entry.default is missing and entry.default_factory is missing:
+                return None
+            keys.add(entry.name)
+    elif typing_extensions.is_typeddict(kind):
+        typed: Any = kind
+        if typed.__required_keys__:
+            return None
+        keys.update(typed.__optional_keys__)
+    else:
+        return None
+    return frozenset(keys) if keys else None
 
 
 # --- lenient enums and literals ----------------------------------------------------------
@@ -581,21 +635,40 @@ def _admits_null(schema: dict[str, Any]) -> bool:
     )
 
 
-def _json_reader(adapter: TypeAdapter[Any], exact: bool) -> Callable[[str], Any]:
+def _json_reader(
+    adapter: TypeAdapter[Any], exact: bool, fields: frozenset[str] | None = None
+) -> Callable[[str], Any]:
     """The adapter's JSON validation; with ``exact`` (a type of `_decimals_only`), numbers
     are read as written (pydantic reads a JSON number as a float: ``1.10`` would be
-    ``Decimal("1.1")``, and a 19-digit amount would lose its last digits)."""
+    ``Decimal("1.1")``, and a 19-digit amount would lose its last digits). With ``fields``
+    (`_fields_if_all_optional`), an object holding none of them is refused."""
     validate_json = adapter.validator.validate_json
-    if not exact:
+    if not exact and fields is None:
         return validate_json
     validate_python = adapter.validator.validate_python
+    numbers = Decimal if exact else float
 
     def read(text: str) -> Any:
         try:
-            data = json.loads(text, parse_float=Decimal)
+            data = json.loads(text, parse_float=numbers)
         except (TypeError, ValueError, RecursionError):
             return validate_json(text)  # not JSON: pydantic says why, as it would have
-        return validate_python(data)
+        if fields is not None and type(data) is dict and data and fields.isdisjoint(data):
+            raise ValidationError.from_exception_data(
+                "answer",
+                [
+                    {
+                        "type": PydanticCustomError(
+                            "no_known_field",
+                            "the object has none of the fields {fields}",
+                            {"fields": ", ".join(sorted(fields))},
+                        ),
+                        "loc": (),
+                        "input": data,
+                    }
+                ],
+            )
+        return validate_python(data) if exact else validate_json(text)
 
     return read
 
@@ -608,12 +681,11 @@ def _decimals_only(tp: Any) -> bool:
     mode reads other types differently (a strict model refuses a date as text, a union
     with ``str`` takes text first), so a model keeps pydantic's JSON mode, floats and all.
     """
+    tp = _unaliased(tp)
     if tp is Decimal:
         return True
     origin = get_origin(tp)
     args = get_args(tp)
-    if origin is Annotated:
-        return _decimals_only(tp.__origin__)
     if origin in _UNION_ORIGINS:
         members = [m for m in args if m is not _NONE_TYPE]
         return bool(members) and all(_decimals_only(m) for m in members)
@@ -726,9 +798,10 @@ class _JsonParser:
         shown: str,
         *,
         exact_decimals: bool,
+        fields: frozenset[str] | None = None,
     ) -> None:
         # The validators themselves, not the adapters: skips a layer of Python per call.
-        self._validate_json = _json_reader(adapter, exact_decimals)
+        self._validate_json = _json_reader(adapter, exact_decimals, fields)
         self._validate = adapter.validator.validate_python
         self._wrapped = _json_reader(wrapper, exact_decimals) if wrapper is not None else None
         self._numbers: Callable[[str], Any] = Decimal if exact_decimals else float

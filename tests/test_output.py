@@ -336,6 +336,62 @@ def test_decimals_keep_every_digit_as_written() -> None:
     assert invoice == Invoice(total=Decimal(exact), weight=1.5)
 
 
+Money = typing.NewType("Money", Decimal)
+Feeling = typing.NewType("Feeling", Sentiment)
+Mood = typing_extensions.TypeAliasType("Mood", Sentiment)
+Choice = typing_extensions.TypeAliasType("Choice", Literal["yes", "no"])
+Prices = typing_extensions.TypeAliasType("Prices", list[Money])
+
+
+def test_new_types_and_aliases_read_as_the_types_they_stand_for() -> None:
+    exact = "12345678901234567.89"
+    assert str(parse(Money, "1.10")) == "1.10"
+    assert parse(list[Money], f"[1.10, {exact}]") == [Decimal("1.10"), Decimal(exact)]
+    assert parse(Prices, f"[{exact}]") == [Decimal(exact)]
+    assert parse(Feeling, '"POSITIVE"') is Sentiment.POSITIVE
+    assert parse(Mood, "POSITIVE") is Sentiment.POSITIVE
+    assert parse(Choice, "yes") == "yes"
+
+
+class Found(BaseModel):
+    name: str | None = None
+    age: int | None = None
+
+
+@dataclasses.dataclass
+class FoundPoint:
+    x: int = 0
+    y: int = 0
+
+
+class FoundPrefs(typing_extensions.TypedDict, total=False):
+    theme: str
+
+
+@pytest.mark.parametrize(
+    ("annotation", "inner", "expected"),
+    [
+        (Found, '{"name": "Bob", "age": 42}', Found(name="Bob", age=42)),
+        (FoundPoint, '{"x": 1, "y": 2}', FoundPoint(1, 2)),
+        (FoundPrefs, '{"theme": "dark"}', {"theme": "dark"}),
+    ],
+)
+def test_an_object_type_without_required_fields_unwraps_its_answer(
+    annotation: Any, inner: str, expected: Any
+) -> None:
+    # Any object validates as such a type (unknown keys ignored, defaults for the rest):
+    # read as one, {"value": {...}} would come out as the defaults, its data lost.
+    assert parse(annotation, f'{{"value": {inner}}}') == expected
+    assert parse(annotation, f'Here it is: {{"value": {inner}}}') == expected
+    assert parse(annotation, inner) == expected
+    assert parse(annotation, "{}") == annotation()  # nothing found is an answer
+
+
+def test_an_object_with_none_of_the_fields_of_a_type_without_required_ones_is_refused() -> None:
+    with pytest.raises(ValueError, match="none of the fields age, name"):
+        parse(Found, '{"person": "Bob", "years": 42}')
+
+
 def test_a_strict_model_with_a_decimal_keeps_its_json_readings() -> None:
     class Strict(BaseModel):
         model_config = ConfigDict(strict=True)
