@@ -461,3 +461,52 @@ def test_a_message_rewritten_under_its_id_is_counted_again() -> None:
     assert fresh.messages() == other.messages()
     # Unchanged messages are still counted once.
     assert estimator.counted[second.message_id] == 1
+
+
+class ApiEstimator(WordEstimator):
+    """Counts as an API would: each count waits on I/O, and it says so."""
+
+    is_blocking = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def estimate_token_count_in_message(self, message: ChatMessage) -> int:
+        import threading
+
+        self.threads.add(threading.get_ident())
+        return super().estimate_token_count_in_message(message)
+
+
+def test_an_estimator_that_waits_on_io_counts_off_the_event_loop() -> None:
+    import asyncio
+    import threading
+
+    store = InMemoryChatMemoryStore()
+    store.update_messages("c", [user(2), ai(2)])  # counted when first read
+    estimator = ApiEstimator()
+    memory = TokenWindowChatMemory(100, estimator, id="c", store=store)
+    assert memory.is_blocking  # a service's async calls use amessages and aadd
+
+    async def main() -> int:
+        assert [m.text for m in await memory.amessages()] == ["u0 u1", "a0 a1"]
+        await memory.aadd(user(1, "x"), ai(1, "y"))
+        await memory.aset([user(1, "z")])
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert estimator.threads
+    assert loop_thread not in estimator.threads
+    assert [m.text for m in memory.messages()] == ["z0"]
+    # An estimator that does not say it waits is used on the loop, as before.
+    assert not TokenWindowChatMemory(100, WordEstimator(), store=store).is_blocking
+
+
+def test_anthropics_api_estimator_says_it_waits_and_the_offline_one_does_not() -> None:
+    from aiservices.models.anthropic import AnthropicTokenCountEstimator
+
+    api = AnthropicTokenCountEstimator("claude-sonnet-4-6", use_api=True, api_key="k")
+    offline = AnthropicTokenCountEstimator()
+    assert TokenWindowChatMemory(100, api).is_blocking
+    assert not TokenWindowChatMemory(100, offline).is_blocking

@@ -192,6 +192,13 @@ def test_bad_options_are_value_errors() -> None:
         OpenAiTokenCountEstimator(encoding=OFFLINE, load_timeout=0)
 
 
+def test_an_infinite_load_timeout_waits_without_limit() -> None:
+    estimator = OpenAiTokenCountEstimator(encoding=OFFLINE, load_timeout=float("inf"))
+    assert estimator.is_blocking  # until the encoding is loaded
+    assert estimator.estimate_token_count_in_text("hello world") == 2
+    assert not estimator.is_blocking
+
+
 def test_concurrent_first_counts_load_the_encoding_once(monkeypatch: pytest.MonkeyPatch) -> None:
     loads: list[str] = []
     get_encoding = tiktoken.get_encoding

@@ -63,6 +63,7 @@ class WindowChatMemory:
         calibrate: bool = False,
         policy: OverflowPolicy = EVICT,
         count_text: Callable[[str], int] | None = None,
+        counting_waits: Callable[[], bool] | None = None,
     ) -> None:
         try:
             hash(id)
@@ -104,6 +105,9 @@ class WindowChatMemory:
         # (tool definitions, a response schema): the window's limit leaves room for them.
         self._overhead = 0
         self._count_text = count_text
+        # Whether counting may wait on I/O now (an estimator asking an API): async callers
+        # then run the memory's operations in a worker thread, off their event loop.
+        self._counting_waits = counting_waits
         self._overhead_of: tuple[object, object, int] | None = None  # (tools, format, cost)
         # Costs of the messages the last add evicted, kept for calibration: the request it
         # observes held them, and the window no longer does.
@@ -123,8 +127,13 @@ class WindowChatMemory:
 
     @property
     def is_blocking(self) -> bool:
-        """Whether the store does I/O; when not, async callers use the sync methods."""
-        return self._ops.mode is not AsyncMode.DIRECT
+        """Whether the store or the counting does I/O; when not, async callers use the sync
+        methods."""
+        return self._ops.mode is not AsyncMode.DIRECT or self._waits_to_count()
+
+    def _waits_to_count(self) -> bool:
+        waits = self._counting_waits
+        return waits is not None and waits()
 
     def messages(self) -> list[ChatMessage]:
         """The messages in the window, oldest first; reads the store once.
@@ -183,6 +192,8 @@ class WindowChatMemory:
 
     async def amessages(self) -> list[ChatMessage]:
         """`messages` for async callers: never blocks the event loop on the store."""
+        if self._waits_to_count():
+            return await _in_worker(self.messages)  # type: ignore[no-any-return]
         return await self._arun(self._reading())  # type: ignore[no-any-return]
 
     async def aadd(self, *messages: ChatMessage) -> None:
@@ -190,6 +201,9 @@ class WindowChatMemory:
         if not messages:
             return
         check_messages(messages, "add")
+        if self._waits_to_count():
+            await _in_worker(self.add, *messages)
+            return
         lock = self._lock
         await lock.aacquire()
         try:
@@ -214,6 +228,9 @@ class WindowChatMemory:
         """`set` for async callers."""
         given = list(messages)
         check_messages(given, "set")
+        if self._waits_to_count():
+            await _in_worker(self.set, given)
+            return
         await self._arun(self._setting(given))
 
     async def aclear(self) -> None:
@@ -250,7 +267,9 @@ class WindowChatMemory:
         The ratio divides the limit from now on; the next add trims the window to it. Best
         effort: a busy lock or a failing estimator skips the observation.
         """
-        if not self._calibrate:
+        if not self._calibrate or self._waits_to_count():
+            # (An estimator that asks an API counts as the provider does: nothing to
+            # correct, and its count would wait on the caller's event loop.)
             return
         reported = usage.input_tokens
         if type(reported) is not int or reported <= 0:
@@ -679,3 +698,10 @@ class WindowChatMemoryProvider(Generic[_M]):
             shared,
             f"{memory_class.__name__}.provider({options}",
         )
+
+
+async def _in_worker(operation: Callable[..., Any], *args: Any) -> Any:
+    """``operation(*args)`` in a worker thread (it takes the memory's lock there)."""
+    import asyncio
+
+    return await asyncio.to_thread(operation, *args)

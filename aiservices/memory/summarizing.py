@@ -32,7 +32,7 @@ from ..stores._base import ChatMemoryStore
 from ._window import Limit, Window, check_limit
 from ._window_memory import ASK, ReportedUsage, WindowChatMemory, WindowChatMemoryProvider
 from .token_window import count_error, estimate_method
-from .tokens import TokenCountEstimator
+from .tokens import TokenCountEstimator, counting_waits
 
 __all__ = [
     "DEFAULT_SUMMARY_PREFIX",
@@ -268,6 +268,9 @@ class SummarizingChatMemory(WindowChatMemory):
                 None
                 if token_count_estimator is None
                 else token_count_estimator.estimate_token_count_in_text
+            ),
+            counting_waits=(
+                None if token_count_estimator is None else counting_waits(token_count_estimator)
             ),
         )
 

@@ -8,7 +8,7 @@ from ..messages import ChatMessage
 from ..stores._base import ChatMemoryStore
 from ._window import Limit, check_limit
 from ._window_memory import ReportedUsage, WindowChatMemory, WindowChatMemoryProvider
-from .tokens import TokenCountEstimator
+from .tokens import TokenCountEstimator, counting_waits
 
 __all__ = ["TokenWindowChatMemory"]
 
@@ -49,6 +49,7 @@ class TokenWindowChatMemory(WindowChatMemory):
             count=self._counted,
             calibrate=calibrate,
             count_text=token_count_estimator.estimate_token_count_in_text,
+            counting_waits=counting_waits(token_count_estimator),
         )
 
     @property

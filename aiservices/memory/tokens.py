@@ -6,8 +6,9 @@ encoding is loaded at the first count, so importing aiservices stays light.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ..errors import AiServiceError
@@ -27,11 +28,27 @@ __all__ = ["EncodingUnavailableError", "OpenAiTokenCountEstimator", "TokenCountE
 
 @runtime_checkable
 class TokenCountEstimator(Protocol):
-    """Counts the tokens a text or a message takes in a model's input."""
+    """Counts the tokens a text or a message takes in a model's input.
+
+    An estimator whose count may wait on I/O (an API call, a download) says so with a
+    true ``is_blocking`` attribute; a memory's async methods then count in a worker thread.
+    """
 
     def estimate_token_count_in_text(self, text: str) -> int: ...
 
     def estimate_token_count_in_message(self, message: ChatMessage) -> int: ...
+
+
+def counting_waits(estimator: object) -> Callable[[], bool] | None:
+    """Whether counting with ``estimator`` may wait on I/O now, asked at each operation;
+    ``None`` for an estimator that never says so."""
+    if not hasattr(type(estimator), "is_blocking") and not hasattr(estimator, "is_blocking"):
+        return None
+
+    def waits() -> bool:
+        return getattr(estimator, "is_blocking", False) is True
+
+    return waits
 
 
 class EncodingUnavailableError(AiServiceError, LookupError):
@@ -106,7 +123,7 @@ class OpenAiTokenCountEstimator:
             raise ValueError(f"model_name must be a model's name, got {model_name!r}")
         if encoding is not None and (not isinstance(encoding, str) or not encoding):
             raise ValueError(f"encoding must be a tiktoken encoding name, got {encoding!r}")
-        if not load_timeout > 0:
+        if not load_timeout > 0:  # (math.inf: no limit)
             raise ValueError(f"load_timeout must be > 0 seconds, got {load_timeout!r}")
         self.model_name = model_name
         self.encoding_name = encoding if encoding is not None else encoding_for_model(model_name)
@@ -116,6 +133,11 @@ class OpenAiTokenCountEstimator:
 
     def __repr__(self) -> str:
         return f"OpenAiTokenCountEstimator({self.model_name!r}, encoding={self.encoding_name!r})"
+
+    @property
+    def is_blocking(self) -> bool:
+        """Whether a count may wait: until the encoding is loaded (perhaps downloaded)."""
+        return self._encoding is None
 
     def estimate_token_count_in_text(self, text: str) -> int:
         """The tokens of ``text`` alone."""
@@ -173,7 +195,7 @@ def load_encoding(name: str, *, timeout: float = 30.0) -> tiktoken.Encoding:
 
     worker = threading.Thread(target=load, name=f"tiktoken-load-{name}", daemon=True)
     worker.start()
-    worker.join(timeout)
+    worker.join(None if timeout == math.inf else timeout)  # join(inf) overflows
     if not outcome:
         raise EncodingUnavailableError(
             f"loading tiktoken encoding {name!r} did not finish within {timeout:g} s (it is "

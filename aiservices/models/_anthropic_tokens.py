@@ -68,6 +68,11 @@ class AnthropicTokenCountEstimator(LazyClient["anthropic.Anthropic"]):
         mode = "api" if self.use_api else "offline"
         return f"{type(self).__name__}(model={self.model_name!r}, mode={mode!r})"
 
+    @property
+    def is_blocking(self) -> bool:
+        """Whether a count may wait on I/O: with ``use_api``, each new text is a request."""
+        return self.use_api
+
     def estimate_token_count_in_text(self, text: str) -> int:
         """Tokens in ``text`` on its own."""
         if not text:
