@@ -126,17 +126,23 @@ class OpenTelemetryListener:
         span.end()
 
     def on_error(self, call: CallInfo, error: BaseException) -> None:
-        for key in (_CHAT, _CALL):
-            span: Span | None = call.attributes.pop(key, None)
-            if span is not None:
+        # A stream its reader closed before the end (a "stop" button, a client gone) did
+        # not fail: its spans end without an error, marked as closed early.
+        closed = isinstance(error, GeneratorExit)
+        spans: list[Span] = [
+            span for key in (_CHAT, _CALL) if (span := call.attributes.pop(key, None))
+        ]
+        tools: list[Span] = list(call.attributes.pop(_TOOLS, {}).values())
+        for span in spans:
+            if not closed:
                 span.record_exception(error)
+        # (Tool spans: the call ended in its tools, an error handler raised or it stopped.)
+        for span in (*spans, *tools):
+            if closed:
+                span.set_attribute("aiservices.stream.closed_early", True)
+            else:
                 span.set_status(Status(StatusCode.ERROR, type(error).__name__))
                 span.set_attribute("error.type", type(error).__name__)
-                span.end()
-        for span in call.attributes.pop(_TOOLS, {}).values():
-            # The call ended in its tools (an error handler raised, or it was cancelled).
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            span.set_attribute("error.type", type(error).__name__)
             span.end()
 
 

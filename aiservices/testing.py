@@ -31,10 +31,11 @@ from .models import ChatRequest, ChatResponse, TokenUsage
 __all__ = ["Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
 
 Reply: TypeAlias = (
-    "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply | None]"
+    "str | AiMessage | ChatResponse | BaseException | type[BaseException] "
+    "| Callable[[ChatRequest], Reply | None]"
 )
-"""A scripted answer: text, a message, a whole response, an error to raise, or a function
-of the request that returns one of those."""
+"""A scripted answer: text, a message, a whole response, an error (or its class) to raise,
+or a function of the request that returns one of those."""
 
 _ids = iter(range(1, 1 << 62))
 _ids_lock = threading.Lock()
@@ -59,6 +60,12 @@ def _check_replies(replies: tuple[object, ...], where: str) -> None:
             raise TypeError(
                 f"{where}: a reply is a str, an AiMessage, a ChatResponse, an exception or a "
                 f"callable (request) -> reply, not {reply!r:.60}"
+            )
+        if isinstance(reply, type) and not issubclass(reply, BaseException):
+            raise TypeError(
+                f"{where}: the class {reply.__name__} is not a reply; a reply is a str, an "
+                "AiMessage, a ChatResponse, an exception (or its class) or a callable "
+                "(request) -> reply"
             )
 
 
@@ -177,8 +184,10 @@ class ScriptedChatModel:
     def _respond(self, reply: Reply | None, request: ChatRequest) -> ChatResponse:
         while callable(reply) and not isinstance(reply, type):
             reply = reply(request)
-        if isinstance(reply, BaseException):
-            raise reply
+        if isinstance(reply, BaseException) or (
+            isinstance(reply, type) and issubclass(reply, BaseException)
+        ):
+            raise reply  # an exception, or its class (raised as `raise TimeoutError` does)
         if isinstance(reply, ChatResponse):
             if reply.token_usage is None and self.usage is not None:
                 return ChatResponse(reply.ai_message, self.usage, reply.finish_reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Annotated, Protocol
 
 import pytest
@@ -75,6 +76,31 @@ def test_a_failed_call_ends_its_spans_with_an_error(exporter: InMemorySpanExport
     spans = exporter.get_finished_spans()
     assert {s.name for s in spans} == {"invoke_agent Bot.chat", "chat scripted"}
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
+
+
+def test_a_stream_closed_by_its_reader_is_no_failure(exporter: InMemorySpanExporter) -> None:
+    class Teller(Protocol):
+        def tell(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bot = ai_service(
+        Teller,
+        model=ScriptedChatModel("once upon a time", chunk_size=4),
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+    stream = bot.tell("ann", "a story")
+    next(stream)
+    stream.close()  # a "stop" button
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans} == {"invoke_agent Teller.tell", "chat scripted"}
+    for span in spans:
+        assert span.status.status_code is StatusCode.UNSET
+        assert span.attributes is not None
+        assert span.attributes["aiservices.stream.closed_early"] is True
+        assert "error.type" not in span.attributes
+        assert not span.events  # no exception recorded
 
 
 def test_a_call_that_dies_in_its_tools_marks_their_spans_as_failed(

@@ -44,6 +44,15 @@ def test_exceptions_are_raised_and_usage_is_reported() -> None:
     assert model.chat(request("y")).token_usage == TokenUsage(3, 4)
 
 
+def test_an_exception_class_is_raised_as_a_reply_and_another_class_is_refused() -> None:
+    model = ScriptedChatModel(TimeoutError, "ok")
+    with pytest.raises(TimeoutError):
+        model.chat(request("x"))
+    assert model.chat(request("y")).ai_message.text == "ok"
+    with pytest.raises(TypeError, match="the class dict is not a reply"):
+        ScriptedChatModel(dict)  # type: ignore[arg-type]
+
+
 def test_unused_replies_are_reported() -> None:
     model = ScriptedChatModel("a", "b")
     model.chat(request("x"))
