@@ -31,8 +31,7 @@ from .models import ChatRequest, ChatResponse, TokenUsage
 __all__ = ["Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
 
 Reply: TypeAlias = (
-    "str | AiMessage | ChatResponse | BaseException | type[BaseException] "
-    "| Callable[[ChatRequest], Reply | None]"
+    "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply | None]"
 )
 """A scripted answer: text, a message, a whole response, an error (or its class) to raise,
 or a function of the request that returns one of those."""
