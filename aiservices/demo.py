@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import decimal
 import itertools
 import json
+import math
 import operator
 import os
 import re
@@ -14,8 +16,10 @@ import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Final, Protocol, TextIO
+from typing import Annotated, Any, Final, Protocol, TextIO
 
 from pydantic import BaseModel
 
@@ -66,7 +70,7 @@ _WIDTH: Final = 80
 # -- what the model is given: a tool and a typed answer -------------------------------
 
 
-_OPERATORS: Final[dict[type[ast.AST], Callable[..., float]]] = {
+_OPERATORS: Final[dict[type[ast.AST], Callable[..., Any]]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -78,24 +82,52 @@ _OPERATORS: Final[dict[type[ast.AST], Callable[..., float]]] = {
     ast.UAdd: operator.pos,
 }
 _MAX_EXPONENT: Final = 1000
+_MAX_BITS: Final = 4000  # about 1,200 digits
 
 
-def _evaluate(node: ast.AST) -> float:
+def _evaluate(node: ast.AST) -> Fraction | float:
+    """The value of ``node``: exact (a Fraction) unless a root made it irrational."""
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
         if isinstance(node.value, bool):
             raise ValueError("True and False are not numbers here")
-        return float(node.value)
+        # As written: 0.1 is one tenth, not the float nearest to it.
+        return Fraction(repr(node.value)) if isinstance(node.value, float) else Fraction(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+        return _checked(_OPERATORS[type(node.op)](_evaluate(node.operand)))
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        # 9 ** 9 ** 9 would keep the demo busy for ever.
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-            raise ValueError(f"exponents above {_MAX_EXPONENT} are not supported")
-        return _OPERATORS[type(node.op)](left, right)
+        if isinstance(node.op, ast.Pow):
+            # 9 ** 9 ** 9 would keep the demo busy for ever.
+            if abs(right) > _MAX_EXPONENT:
+                raise ValueError(f"exponents above {_MAX_EXPONENT} are not supported")
+            if isinstance(right, Fraction) and right.denominator == 1:
+                return _checked(left**right.numerator)
+            if left < 0:
+                raise ValueError("a negative number has no real root")
+            return _checked(float(left) ** float(right))
+        return _checked(_OPERATORS[type(node.op)](left, right))
     raise ValueError("only numbers, + - * / // % ** and parentheses are supported")
+
+
+def _checked(value: Fraction | float) -> Fraction | float:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("the result is too large")
+    elif max(abs(value.numerator).bit_length(), value.denominator.bit_length()) > _MAX_BITS:
+        raise ValueError("the result is too large")
+    return value
+
+
+def _shown(value: Fraction | float) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if value.denominator == 1:
+        return str(value.numerator)
+    # Exact when the decimal expansion ends (7/2 is 3.5), else 28 significant digits.
+    with decimal.localcontext(prec=28):
+        return format((Decimal(value.numerator) / Decimal(value.denominator)).normalize(), "f")
 
 
 @tool
@@ -109,7 +141,7 @@ def calculate(expression: str) -> str:
         raise ValueError("division by zero") from None
     except OverflowError:
         raise ValueError("the result is too large") from None
-    return f"{value:g}" if not value.is_integer() else str(int(value))
+    return _shown(value)
 
 
 class Profile(BaseModel):

@@ -196,7 +196,20 @@ def test_provider_offline_ignores_a_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("expression", "result"),
-    [("12 * (3 + 4)", "84"), ("7 / 2", "3.5"), ("-2 ** 3", "-8"), ("10 // 3 % 2", "1")],
+    [
+        ("12 * (3 + 4)", "84"),
+        ("7 / 2", "3.5"),
+        ("-2 ** 3", "-8"),
+        ("10 // 3 % 2", "1"),
+        # Exact: no float rounding, no 6-digit display.
+        ("1234567.5 + 1", "1234568.5"),
+        ("100000.5 * 3", "300001.5"),
+        ("2**53 + 1", "9007199254740993"),
+        ("0.1 + 0.2", "0.3"),
+        ("1 / 3", "0.3333333333333333333333333333"),
+        ("2 ** -2", "0.25"),
+        ("2 ** 0.5", "1.4142135623730951"),
+    ],
 )
 def test_calculate(expression: str, result: str) -> None:
     assert calculate(expression) == result
@@ -209,6 +222,8 @@ def test_calculate(expression: str, result: str) -> None:
         ("2 ** 5000", "exponents above 1000"),
         ("1 / 0", "division by zero"),
         ("1 +", "not an arithmetic expression"),
+        ("2**1000 * 2**1000 * 2**1000 * 2**1000 * 2**1000", "too large"),
+        ("(-8) ** 0.5", "no real root"),
     ],
 )
 def test_calculate_refuses(expression: str, error: str) -> None:
