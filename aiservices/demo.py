@@ -100,7 +100,7 @@ def _evaluate(node: ast.AST) -> Fraction | float:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, ast.Pow):
             # 9 ** 9 ** 9 would keep the demo busy for ever.
-            if abs(right) > _MAX_EXPONENT:
+            if abs(float(right)) > _MAX_EXPONENT:
                 raise ValueError(f"exponents above {_MAX_EXPONENT} are not supported")
             if isinstance(right, Fraction) and right.denominator == 1:
                 return _checked(left**right.numerator)
