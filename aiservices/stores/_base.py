@@ -63,7 +63,27 @@ def store_key(memory_id: Hashable) -> str:
     """
     if type(memory_id) is str:
         return _TYPED + memory_id if memory_id.startswith(_TYPED) else memory_id
-    return f"{_TYPED}{type(memory_id).__name__}:{memory_id}"
+    kind = type(memory_id)
+    text = _ordered(memory_id) if kind is frozenset or kind is tuple else memory_id
+    return f"{_TYPED}{kind.__name__}:{text}"
+
+
+def _ordered(value: object) -> str:
+    """``str(value)`` with the members of its frozensets in one order: a frozenset's own
+    order follows hashes, which differ between processes for strings."""
+    if type(value) is frozenset:
+        if not value:
+            return "frozenset()"
+        members = sorted(_ordered_repr(m) for m in value)
+        return "frozenset({" + ", ".join(members) + "})"
+    if type(value) is tuple:
+        items = [_ordered_repr(m) for m in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return str(value)
+
+
+def _ordered_repr(value: object) -> str:
+    return _ordered(value) if type(value) is frozenset or type(value) is tuple else repr(value)
 
 
 def memory_id_of(key: str) -> Hashable:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import uuid
 from collections.abc import Callable, Hashable, Sequence
@@ -345,6 +346,30 @@ MEMORY_IDS: list[Hashable] = [
     str(uuid.UUID(int=7)),
     "'; DROP TABLE chat_messages; --",
 ]
+
+
+def test_equal_frozenset_ids_file_under_one_key_in_every_process() -> None:
+    # A frozenset's iteration order follows string hashes, which each process seeds anew.
+    import subprocess
+    import sys
+
+    script = (
+        "from aiservices.stores import store_key; "
+        "print(repr(store_key(frozenset({'alice', 'bob', 'carol', 'dave'}))), "
+        "repr(store_key(('team', frozenset({'x', 'y', 'z'})))))"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(keys) == 1, keys
+    assert store_key(("tuple", 1)) == "\x1ftuple:('tuple', 1)"  # tuples file as before
 
 
 def test_memory_ids_are_isolated(store: Any) -> None:
