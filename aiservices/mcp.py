@@ -14,9 +14,10 @@ files = McpToolset.http("http://127.0.0.1:8000/mcp", headers={"Authorization": "
 The toolset connects when a service is built with it (listing the server's tools once)
 and keeps one connection, run by an event loop of its own in a background thread: sync and
 async service methods alike call tools through it, with no event loop started per call and
-no deadlock inside a running loop. A tool that fails on the server comes back to the model
-as text; a connection that breaks fails that call (the error goes back to the model too) and
-the next call connects again. Close the toolset with ``close()`` / ``aclose()`` or by using
+no deadlock inside a running loop; an async call awaits the answer, so cancelling it cancels
+the request. A tool that fails on the server comes back to the model as text; a connection
+that breaks fails that call (the error goes back to the model too) and the next call
+connects again. Close the toolset with ``close()`` / ``aclose()`` or by using
 it as a context manager. Needs the MCP SDK: ``pip install "aiservices[mcp]"``.
 """
 
@@ -28,6 +29,7 @@ import json
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, Self
 
 try:
@@ -171,13 +173,10 @@ class McpToolset:
         if not valid_tool_name(name):
             name = _INVALID_NAME_CHARS.sub("_", name)[:64] or "tool"
 
-        def call(**arguments: Any) -> Any:
-            return self._run(self._call(remote, arguments))
-
         schema = dict(spec.input_schema or {"type": "object", "properties": {}})
         schema.setdefault("type", "object")
         try:
-            return Tool(name, spec.description or "", schema, call)
+            return Tool(name, spec.description or "", schema, _Remote(self, remote))
         except (ValueError, TypeError) as exc:
             raise type(exc)(
                 f"{self._label}: the server's tool {remote!r} can't be offered ({exc}); leave "
@@ -187,16 +186,27 @@ class McpToolset:
     # -- the background loop -----------------------------------------------------------------
 
     def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        if self._closed:
-            coroutine.close()
-            raise RuntimeError(f"{self._label} is closed")
-        loop = self._start()
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        future = self._submit(coroutine)
         try:
             return future.result(self._timeout)
         except TimeoutError:
             future.cancel()  # a server that never answers must not keep the call going
             raise
+
+    async def _arun(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """`_run` awaited: cancelling the caller cancels the coroutine on the toolset's loop."""
+        future = self._submit(coroutine)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.wrap_future(future)
+        finally:
+            future.cancel()  # the caller is cancelled or out of time: so is the request
+
+    def _submit(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError(f"{self._label} is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._start())
 
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
@@ -313,6 +323,27 @@ class McpToolset:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+class _Remote:
+    """A server's tool as a ``Tool``'s function: called, it waits for the server's answer;
+    async service calls await ``_aiservices_acall`` instead, so that cancelling them cancels
+    the request."""
+
+    __slots__ = ("_name", "_toolset")
+
+    def __init__(self, toolset: McpToolset, name: str) -> None:
+        self._toolset = toolset
+        self._name = name
+
+    def __call__(self, **arguments: Any) -> Any:
+        return self._toolset._run(self._toolset._call(self._name, arguments))
+
+    async def _aiservices_acall(self, **arguments: Any) -> Any:
+        return await self._toolset._arun(self._toolset._call(self._name, arguments))
+
+    def __repr__(self) -> str:
+        return f"<{self._name!r} of {self._toolset!r}>"
 
 
 class _Fresh:

@@ -153,6 +153,27 @@ def test_a_server_that_crashes_mid_call_fails_that_call_and_the_next_reconnects(
     assert first_pid != second_pid  # a new server process
 
 
+def test_cancelling_an_async_call_cancels_its_tool_call_and_keeps_the_connection() -> None:
+    with McpToolset.stdio(sys.executable, [str(SERVER), "stdio"], timeout=20) as toolset:
+        before = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        ai_service(Bot, model=before, tools=[toolset]).ask("who?")
+        model = ScriptedChatModel(_calls(("slow", '{"seconds": 30}')), "done")
+        bot = ai_service(AsyncBot, model=model, tools=[toolset])
+
+        async def main() -> float:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1):
+                    await bot.ask("slow?")
+            return time.monotonic() - started
+
+        # Not the 20 s of the toolset's timeout, nor the tool's 30 s.
+        assert asyncio.run(main()) < 10
+        after = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        asyncio.run(ai_service(AsyncBot, model=after, tools=[toolset]).ask("who?"))
+        assert _results(after, 1) == _results(before, 1)  # the same server process
+
+
 def test_a_streamable_http_server_from_sync_and_async_methods(http_url: str) -> None:
     with McpToolset.http(http_url, headers={"X-Test": "yes"}) as toolset:
         model = ScriptedChatModel(
@@ -306,12 +327,15 @@ def test_the_timeout_of_a_toolset_bounds_each_call(http_url: str) -> None:
     with McpToolset.http(http_url, filter={"slow", "whoami"}.__contains__, timeout=0.5) as toolset:
         model = ScriptedChatModel(_calls(("slow", "{}")), _calls(("whoami", "{}")), "done")
         ai_service(Bot, model=model, tools=[toolset]).ask("slow?")
-    (slow,) = _results(model, 1, request=1)
-    (whoami,) = _results(model, 1, request=2)
-    assert slow is not None
-    assert slow.startswith("Tool 'slow' raised TimeoutError")  # the tool takes 1 s
-    assert whoami is not None
-    assert whoami.isdigit()  # the next call goes through
+        amodel = ScriptedChatModel(_calls(("slow", "{}")), _calls(("whoami", "{}")), "done")
+        asyncio.run(ai_service(AsyncBot, model=amodel, tools=[toolset]).ask("slow?"))
+    for called in (model, amodel):
+        (slow,) = _results(called, 1, request=1)
+        (whoami,) = _results(called, 1, request=2)
+        assert slow is not None
+        assert slow.startswith("Tool 'slow' raised TimeoutError")  # the tool takes 1 s
+        assert whoami is not None
+        assert whoami.isdigit()  # the next call goes through
 
 
 @pytest.mark.parametrize(

@@ -42,9 +42,9 @@ def refuse() -> str:
 
 
 @server.tool()
-async def slow() -> str:
+async def slow(seconds: float = 1) -> str:
     """Takes a while, then tells the server's process id."""
-    await asyncio.sleep(1)
+    await asyncio.sleep(seconds)
     return str(os.getpid())
 
 
