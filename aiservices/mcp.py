@@ -16,9 +16,10 @@ and keeps one connection, run by an event loop of its own in a background thread
 async service methods alike call tools through it, with no event loop started per call and
 no deadlock inside a running loop; an async call awaits the answer, so cancelling it cancels
 the request. A tool that fails on the server comes back to the model as text; a connection
-that breaks fails that call (the error goes back to the model too) and the next call
-connects again. Close the toolset with ``close()`` / ``aclose()`` or by using
-it as a context manager. Needs the MCP SDK: ``pip install "aiservices[mcp]"``.
+that breaks fails the call in flight (the error goes back to the model too) and the next
+call connects again, as does a call made after a server went away between calls. Close the
+toolset with ``close()`` / ``aclose()`` or by using it as a context manager. Needs the MCP
+SDK: ``pip install "aiservices[mcp]"``.
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ class McpToolset:
         async with self._connecting:
             connection = self._connection
             if connection is None or not connection.alive:
+                if connection is not None:
+                    await connection.close()  # its server went away while it was idle
                 connection = self._connection = _Connection(self._server)
                 try:
                     await connection.open()
@@ -379,7 +382,8 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return self._holder is not None and not self._holder.done()
+        """Whether a request sent now would reach the server: held open, not hung up on."""
+        return self._holder is not None and not self._holder.done() and not _hung_up(self.client)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -413,6 +417,19 @@ class _Connection:
             if self.client is None:
                 holder.cancel()  # still connecting (a server that never answers)
             await asyncio.gather(holder, return_exceptions=True)
+
+
+def _hung_up(client: Any) -> bool:
+    """Whether ``client``'s connection has ended on the server's side (a stdio server that
+    exited, say)."""
+    # The SDK tells a request sent on such a connection only by failing it with the error of a
+    # request the server may have run (MCPError CONNECTION_CLOSED), so its dispatcher's own
+    # flag is read; an SDK without it leaves the failure to that request, as a call in flight.
+    try:
+        dispatcher = client.session._dispatcher
+    except (AttributeError, RuntimeError):  # no client, or one not entered
+        return False
+    return getattr(dispatcher, "_closed", False) is True
 
 
 def _described(block: Any) -> str:

@@ -4,7 +4,9 @@ from sync and async methods, failing and crashing."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -172,6 +174,26 @@ def test_cancelling_an_async_call_cancels_its_tool_call_and_keeps_the_connection
         after = ScriptedChatModel(_calls(("whoami", "{}")), "done")
         asyncio.run(ai_service(AsyncBot, model=after, tools=[toolset]).ask("who?"))
         assert _results(after, 1) == _results(before, 1)  # the same server process
+
+
+def test_a_server_that_dies_between_calls_is_connected_again_by_the_next_call(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(_calls(("whoami", "{}")), "first", _calls(("whoami", "{}")), "second")
+    bot = ai_service(Bot, model=model, tools=[stdio_toolset])
+    bot.ask("who?")
+    (first_pid,) = _results(model, 1, request=1)
+    assert first_pid is not None
+    os.kill(int(first_pid), signal.SIGKILL)  # no call in flight
+    # Until the toolset has seen its server go (at once, once the process is gone).
+    deadline = time.monotonic() + 10
+    while stdio_toolset._connection.alive and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.02)
+    bot.ask("who now?")
+    (second_pid,) = _results(model, 1, request=3)
+    assert second_pid is not None
+    assert second_pid.isdigit()  # not "Tool 'whoami' raised MCPError: Connection closed"
+    assert second_pid != first_pid
 
 
 def test_a_streamable_http_server_from_sync_and_async_methods(http_url: str) -> None:
