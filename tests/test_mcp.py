@@ -196,6 +196,27 @@ def test_a_server_that_dies_between_calls_is_connected_again_by_the_next_call(
     assert second_pid != first_pid
 
 
+def test_a_toolset_from_a_tool_provider_connects_without_blocking_an_async_calls_loop(
+    tmp_path: Path,
+) -> None:
+    started = tmp_path / "started"  # the server answers once this exists
+    model = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+
+    async def main() -> None:
+        async with McpToolset.stdio(
+            sys.executable, [str(SERVER), "stdio", str(started)], timeout=30
+        ) as toolset:
+            bot = ai_service(AsyncBot, model=model, tool_provider=lambda *_: [toolset])
+            # Only a loop left free while the toolset connects can let its server start.
+            asyncio.get_running_loop().call_soon(started.touch)
+            assert await bot.ask("who?") == "done"
+
+    asyncio.run(main())
+    (pid,) = _results(model, 1)
+    assert pid is not None
+    assert pid.isdigit()
+
+
 def test_a_streamable_http_server_from_sync_and_async_methods(http_url: str) -> None:
     with McpToolset.http(http_url, headers={"X-Test": "yes"}) as toolset:
         model = ScriptedChatModel(
