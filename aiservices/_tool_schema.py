@@ -144,6 +144,13 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
             get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
         )
         markers = metadata_of(annotation)
+        is_context = any(is_marker(m, Context) for m in markers)
+        if is_context and any(is_marker(m, MemoryId) for m in markers):
+            problems.append(
+                f"{pwhere}: a Context parameter cannot also be a MemoryId; mark it with one "
+                "(a tool that needs both takes two parameters)"
+            )
+            continue
         if any(is_marker(m, MemoryId) for m in markers):
             if memory_id is not None:
                 problems.append(
@@ -152,7 +159,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                 )
             memory_id = param.name
             continue
-        if any(is_marker(m, Context) for m in markers):
+        if is_context:
             if context is not None:
                 problems.append(
                     f"{pwhere}: a second Context parameter (the first is {context}); mark only one"

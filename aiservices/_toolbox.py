@@ -84,13 +84,23 @@ class _ToolPlan:
 
 
 class _Tool:
-    """A plan and the callable that runs it (a function, or a method bound to its object)."""
+    """A plan and the callable that runs it (a function, or a method bound to its object).
 
-    __slots__ = ("fn", "name", "plan")
+    ``afn``, when given, is what async calls await instead of running a sync ``fn`` in a
+    thread.
+    """
 
-    def __init__(self, plan: _ToolPlan, fn: Callable[..., Any]) -> None:
+    __slots__ = ("afn", "fn", "name", "plan")
+
+    def __init__(
+        self,
+        plan: _ToolPlan,
+        fn: Callable[..., Any],
+        afn: Callable[..., Coroutine[Any, Any, Any]] | None = None,
+    ) -> None:
         self.plan = plan
         self.fn = fn
+        self.afn = afn
         self.name = plan.spec.name
 
 
@@ -263,7 +273,10 @@ def _schema_tool(item: Tool) -> _Tool:
         skip_first=False,
         where=repr(item),
     )
-    return _Tool(plan, item.function)
+    # A function with an awaitable form of its own (an MCP server's tool) is awaited by async
+    # calls: a thread can't be stopped, so cancelling the call would wait for its end.
+    awaited = getattr(item.function, "_aiservices_acall", None)
+    return _Tool(plan, item.function, awaited if _is_async(awaited) else None)
 
 
 def _describe(item: object) -> str:
@@ -435,6 +448,8 @@ class Toolbox:
             try:
                 if plan.is_async:
                     value = await tool.fn(*args, **kwargs)
+                elif tool.afn is not None:
+                    value = await tool.afn(*args, **kwargs)
                 else:
                     value = await in_thread(tool.fn, *args, **kwargs)
                     if _iscoroutine(value):

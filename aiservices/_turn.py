@@ -78,8 +78,8 @@ MODEL: Final = 1  # ChatRequest -> ChatResponse
 TOOLS: Final = 2  # (Toolbox, requests, memory id, context) -> list[ToolExecution]
 COMMIT: Final = 3  # (messages to record, last request, last response) -> None
 CALL: Final = 4  # (function, args) -> what it returns, awaited in async calls
-# As CALL, for a function that may wait on I/O (a retriever, a seed): in async calls, a plain
-# one runs in a worker thread.
+# As CALL, for a function that may wait on I/O (a retriever, a seed, the tool provider's
+# toolbox): in async calls, a plain one runs in a worker thread.
 FETCH: Final = 5
 # (conversations, key, "forget" or "evict") -> None: end the held conversation as a scope
 # that ended meanwhile did.
@@ -406,11 +406,10 @@ def turn(state: ServiceState, call: Call) -> Turn:
     # so that a later round still knows every correction it was given.
     sent = [*window, _augmented(user, sources) if sources else user]
 
-    toolbox = (
-        state.toolbox_for(call.memory_id, user, call.context)
-        if state.tool_provider
-        else state.toolbox
-    )
+    toolbox = state.toolbox
+    if state.tool_provider:
+        # What a provider hands out may connect first (an MCP server's toolset lists its tools).
+        toolbox = yield FETCH, (state.toolbox_for, (call.memory_id, user, call.context))
     specifications = toolbox.specifications
     response_format = output.response_format
     parameters = state.parameters

@@ -14,10 +14,12 @@ files = McpToolset.http("http://127.0.0.1:8000/mcp", headers={"Authorization": "
 The toolset connects when a service is built with it (listing the server's tools once)
 and keeps one connection, run by an event loop of its own in a background thread: sync and
 async service methods alike call tools through it, with no event loop started per call and
-no deadlock inside a running loop. A tool that fails on the server comes back to the model
-as text; a connection that breaks fails that call (the error goes back to the model too) and
-the next call connects again. Close the toolset with ``close()`` / ``aclose()`` or by using
-it as a context manager. Needs the MCP SDK: ``pip install "aiservices[mcp]"``.
+no deadlock inside a running loop; an async call awaits the answer, so cancelling it cancels
+the request. A tool that fails on the server comes back to the model as text; a connection
+that breaks fails the call in flight (the error goes back to the model too) and the next
+call connects again, as does a call made after a server went away between calls. Close the
+toolset with ``close()`` / ``aclose()`` or by using it as a context manager. Needs the MCP
+SDK: ``pip install "aiservices[mcp]"``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import json
 import re
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, Self
 
 try:
@@ -171,13 +174,10 @@ class McpToolset:
         if not valid_tool_name(name):
             name = _INVALID_NAME_CHARS.sub("_", name)[:64] or "tool"
 
-        def call(**arguments: Any) -> Any:
-            return self._run(self._call(remote, arguments))
-
         schema = dict(spec.input_schema or {"type": "object", "properties": {}})
         schema.setdefault("type", "object")
         try:
-            return Tool(name, spec.description or "", schema, call)
+            return Tool(name, spec.description or "", schema, _Remote(self, remote))
         except (ValueError, TypeError) as exc:
             raise type(exc)(
                 f"{self._label}: the server's tool {remote!r} can't be offered ({exc}); leave "
@@ -187,16 +187,27 @@ class McpToolset:
     # -- the background loop -----------------------------------------------------------------
 
     def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        if self._closed:
-            coroutine.close()
-            raise RuntimeError(f"{self._label} is closed")
-        loop = self._start()
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        future = self._submit(coroutine)
         try:
             return future.result(self._timeout)
         except TimeoutError:
             future.cancel()  # a server that never answers must not keep the call going
             raise
+
+    async def _arun(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """`_run` awaited: cancelling the caller cancels the coroutine on the toolset's loop."""
+        future = self._submit(coroutine)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.wrap_future(future)
+        finally:
+            future.cancel()  # the caller is cancelled or out of time: so is the request
+
+    def _submit(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
+        if self._closed:
+            coroutine.close()
+            raise RuntimeError(f"{self._label} is closed")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._start())
 
     def _start(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
@@ -215,6 +226,8 @@ class McpToolset:
         async with self._connecting:
             connection = self._connection
             if connection is None or not connection.alive:
+                if connection is not None:
+                    await connection.close()  # its server went away while it was idle
                 connection = self._connection = _Connection(self._server)
                 try:
                     await connection.open()
@@ -315,6 +328,27 @@ class McpToolset:
         await self.aclose()
 
 
+class _Remote:
+    """A server's tool as a ``Tool``'s function: called, it waits for the server's answer;
+    async service calls await ``_aiservices_acall`` instead, so that cancelling them cancels
+    the request."""
+
+    __slots__ = ("_name", "_toolset")
+
+    def __init__(self, toolset: McpToolset, name: str) -> None:
+        self._toolset = toolset
+        self._name = name
+
+    def __call__(self, **arguments: Any) -> Any:
+        return self._toolset._run(self._toolset._call(self._name, arguments))
+
+    async def _aiservices_acall(self, **arguments: Any) -> Any:
+        return await self._toolset._arun(self._toolset._call(self._name, arguments))
+
+    def __repr__(self) -> str:
+        return f"<{self._name!r} of {self._toolset!r}>"
+
+
 class _Fresh:
     """A transport made anew for each connection (a transport serves one connection)."""
 
@@ -348,7 +382,8 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return self._holder is not None and not self._holder.done()
+        """Whether a request sent now would reach the server: held open, not hung up on."""
+        return self._holder is not None and not self._holder.done() and not _hung_up(self.client)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -382,6 +417,19 @@ class _Connection:
             if self.client is None:
                 holder.cancel()  # still connecting (a server that never answers)
             await asyncio.gather(holder, return_exceptions=True)
+
+
+def _hung_up(client: Any) -> bool:
+    """Whether ``client``'s connection has ended on the server's side (a stdio server that
+    exited, say)."""
+    # The SDK tells a request sent on such a connection only by failing it with the error of a
+    # request the server may have run (MCPError CONNECTION_CLOSED), so its dispatcher's own
+    # flag is read; an SDK without it leaves the failure to that request, as a call in flight.
+    try:
+        dispatcher = client.session._dispatcher
+    except (AttributeError, RuntimeError):  # no client, or one not entered
+        return False
+    return getattr(dispatcher, "_closed", False) is True
 
 
 def _described(block: Any) -> str:

@@ -177,6 +177,21 @@ def test_context_misuse_fails_the_build() -> None:
         ai_service(Plain, model=ScriptedChatModel("x"), tools=[two])
 
 
+def test_a_tool_parameter_marked_both_memory_id_and_context_is_refused() -> None:
+    @tool
+    def orders(user: Annotated[str, MemoryId, Context]) -> str:
+        """The signed-in user's orders."""
+        return user
+
+    class Shop(Protocol):
+        def chat(self, text: str, user: Annotated[User, Context]) -> str: ...
+
+    with pytest.raises(
+        InterfaceError, match=r"orders\(user\): a Context parameter cannot also be a MemoryId"
+    ):
+        ai_service(Shop, model=ScriptedChatModel("x"), tools=[orders])
+
+
 def test_it_names_the_only_parameter_beside_the_context() -> None:
     from aiservices import user_message
 

@@ -4,7 +4,9 @@ from sync and async methods, failing and crashing."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -151,6 +153,68 @@ def test_a_server_that_crashes_mid_call_fails_that_call_and_the_next_reconnects(
     assert first_pid.isdigit()
     assert second_pid.isdigit()
     assert first_pid != second_pid  # a new server process
+
+
+def test_cancelling_an_async_call_cancels_its_tool_call_and_keeps_the_connection() -> None:
+    with McpToolset.stdio(sys.executable, [str(SERVER), "stdio"], timeout=20) as toolset:
+        before = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        ai_service(Bot, model=before, tools=[toolset]).ask("who?")
+        model = ScriptedChatModel(_calls(("slow", '{"seconds": 30}')), "done")
+        bot = ai_service(AsyncBot, model=model, tools=[toolset])
+
+        async def main() -> float:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(1):
+                    await bot.ask("slow?")
+            return time.monotonic() - started
+
+        # Not the 20 s of the toolset's timeout, nor the tool's 30 s.
+        assert asyncio.run(main()) < 10
+        after = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        asyncio.run(ai_service(AsyncBot, model=after, tools=[toolset]).ask("who?"))
+        assert _results(after, 1) == _results(before, 1)  # the same server process
+
+
+def test_a_server_that_dies_between_calls_is_connected_again_by_the_next_call(
+    stdio_toolset: McpToolset,
+) -> None:
+    model = ScriptedChatModel(_calls(("whoami", "{}")), "first", _calls(("whoami", "{}")), "second")
+    bot = ai_service(Bot, model=model, tools=[stdio_toolset])
+    bot.ask("who?")
+    (first_pid,) = _results(model, 1, request=1)
+    assert first_pid is not None
+    os.kill(int(first_pid), signal.SIGKILL)  # no call in flight
+    # Until the toolset has seen its server go (at once, once the process is gone).
+    deadline = time.monotonic() + 10
+    while stdio_toolset._connection.alive and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.02)
+    bot.ask("who now?")
+    (second_pid,) = _results(model, 1, request=3)
+    assert second_pid is not None
+    assert second_pid.isdigit()  # not "Tool 'whoami' raised MCPError: Connection closed"
+    assert second_pid != first_pid
+
+
+def test_a_toolset_from_a_tool_provider_connects_without_blocking_an_async_calls_loop(
+    tmp_path: Path,
+) -> None:
+    started = tmp_path / "started"  # the server answers once this exists
+    model = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+
+    async def main() -> None:
+        async with McpToolset.stdio(
+            sys.executable, [str(SERVER), "stdio", str(started)], timeout=30
+        ) as toolset:
+            bot = ai_service(AsyncBot, model=model, tool_provider=lambda *_: [toolset])
+            # Only a loop left free while the toolset connects can let its server start.
+            asyncio.get_running_loop().call_soon(started.touch)
+            assert await bot.ask("who?") == "done"
+
+    asyncio.run(main())
+    (pid,) = _results(model, 1)
+    assert pid is not None
+    assert pid.isdigit()
 
 
 def test_a_streamable_http_server_from_sync_and_async_methods(http_url: str) -> None:
@@ -306,12 +370,15 @@ def test_the_timeout_of_a_toolset_bounds_each_call(http_url: str) -> None:
     with McpToolset.http(http_url, filter={"slow", "whoami"}.__contains__, timeout=0.5) as toolset:
         model = ScriptedChatModel(_calls(("slow", "{}")), _calls(("whoami", "{}")), "done")
         ai_service(Bot, model=model, tools=[toolset]).ask("slow?")
-    (slow,) = _results(model, 1, request=1)
-    (whoami,) = _results(model, 1, request=2)
-    assert slow is not None
-    assert slow.startswith("Tool 'slow' raised TimeoutError")  # the tool takes 1 s
-    assert whoami is not None
-    assert whoami.isdigit()  # the next call goes through
+        amodel = ScriptedChatModel(_calls(("slow", "{}")), _calls(("whoami", "{}")), "done")
+        asyncio.run(ai_service(AsyncBot, model=amodel, tools=[toolset]).ask("slow?"))
+    for called in (model, amodel):
+        (slow,) = _results(called, 1, request=1)
+        (whoami,) = _results(called, 1, request=2)
+        assert slow is not None
+        assert slow.startswith("Tool 'slow' raised TimeoutError")  # the tool takes 1 s
+        assert whoami is not None
+        assert whoami.isdigit()  # the next call goes through
 
 
 @pytest.mark.parametrize(

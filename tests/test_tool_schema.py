@@ -14,7 +14,7 @@ from aiservices._tool_schema import (
     read_signature,
 )
 from aiservices.errors import InterfaceError
-from aiservices.markers import MemoryId, UserName
+from aiservices.markers import Context, MemoryId, UserName
 
 
 class Color(enum.Enum):
@@ -360,6 +360,18 @@ def test_the_model_cannot_pass_the_memory_id_itself() -> None:
     signature = read_signature(fn, skip_first=False, where="fn")
     with pytest.raises(ValidationError, match="user"):
         signature.bind('{"query": "q", "user": "mallory"}', "alice")
+
+
+def test_a_parameter_cannot_be_both_the_memory_id_and_the_context() -> None:
+    def fn(user: Annotated[str, Context, MemoryId], query: str) -> str:
+        return query
+
+    with pytest.raises(InterfaceError) as info:
+        read_signature(fn, skip_first=False, where="fn")
+    assert info.value.problems == [
+        "fn(user): a Context parameter cannot also be a MemoryId; mark it with one (a tool "
+        "that needs both takes two parameters)"
+    ]
 
 
 def test_other_markers_pass_through_to_the_schema() -> None:

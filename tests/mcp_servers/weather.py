@@ -1,7 +1,8 @@
 """An MCP server for the tests, on the SDK's own MCPServer (FastMCP in SDKs before 2.0).
 
-``python weather.py stdio`` serves over stdin/stdout; ``python weather.py http PORT`` over
-streamable HTTP on 127.0.0.1:PORT at /mcp. ``crash`` exits the process mid-call.
+``python weather.py stdio`` serves over stdin/stdout (``stdio PATH``: once the file PATH
+exists); ``python weather.py http PORT`` over streamable HTTP on 127.0.0.1:PORT at /mcp.
+``crash`` exits the process mid-call.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
+from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
@@ -42,9 +45,9 @@ def refuse() -> str:
 
 
 @server.tool()
-async def slow() -> str:
+async def slow(seconds: float = 1) -> str:
     """Takes a while, then tells the server's process id."""
-    await asyncio.sleep(1)
+    await asyncio.sleep(seconds)
     return str(os.getpid())
 
 
@@ -66,6 +69,11 @@ def radar() -> list[TextContent | ImageContent | ResourceLink]:
 
 if __name__ == "__main__":
     if sys.argv[1] == "stdio":
+        if len(sys.argv) > 2:
+            waited = Path(sys.argv[2])
+            deadline = time.monotonic() + 60
+            while not waited.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
         server.run("stdio")
     else:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
