@@ -6,10 +6,12 @@ classes in, so this module stays importable without either installed.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
 from .._per_loop import PerLoop
@@ -30,6 +32,7 @@ __all__ = [
     "create_keywords",
     "merge_extra",
     "plain",
+    "transport_errors_as",
 ]
 
 _CACHE_LIMIT: Final = 512
@@ -165,6 +168,39 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
 def _redact_url(url: str) -> str:
     # A base URL may carry credentials (https://user:secret@host/v1).
     return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+@contextlib.contextmanager
+def transport_errors_as(
+    timeout_error: Callable[..., Exception],
+    connection_error: Callable[..., Exception],
+    response: Any,
+) -> Iterator[None]:
+    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
+    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
+    # A stream's body is read after the SDK's create() returned: a connection dropped or
+    # stalled midway would escape as the HTTP library's error, where one before the stream
+    # started is the SDK's (and the openai SDK translates it itself).
+    try:
+        yield
+    except Exception as exc:
+        kind = _transport_failure(exc)
+        if kind is None:
+            raise
+        error = timeout_error if kind == "timeout" else connection_error
+        raise error(request=response.request) from exc
+
+
+def _transport_failure(exc: Exception) -> str | None:
+    # Only a module already loaded can have raised its error; the SDK may be on either.
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        if module is not None:
+            if isinstance(exc, module.TimeoutException):
+                return "timeout"
+            if isinstance(exc, module.RequestError):
+                return "connection"
+    return None
 
 
 # -- constructor checks ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ Errors are the SDK's own (``anthropic.AuthenticationError``, ``anthropic.RateLim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from ._sdk import (
     followed_client,
     merge_extra,
     plain,
+    transport_errors_as,
 )
 
 if TYPE_CHECKING:
@@ -219,7 +221,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             if not _needs_stream(exc):
                 raise
             acc = _StreamAccumulator(output_tool)
-            with client.messages.create(**kwargs, stream=True) as events:
+            with client.messages.create(**kwargs, stream=True) as events, _sdk_errors(events):
                 for event in events:
                     acc.add(event)
             return acc.response()
@@ -237,8 +239,9 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             acc = _StreamAccumulator(output_tool)
             events = await client.messages.create(**kwargs, stream=True)
             async with events:
-                async for event in events:
-                    acc.add(event)
+                with _sdk_errors(events):
+                    async for event in events:
+                        acc.add(event)
             return acc.response()
         return _response(message, output_tool)
 
@@ -250,7 +253,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         kwargs, output_tool = self._request(request)
         kwargs["stream"] = True
         acc = _StreamAccumulator(output_tool)
-        with self._sync_client().messages.create(**kwargs) as events:
+        with self._sync_client().messages.create(**kwargs) as events, _sdk_errors(events):
             for event in events:
                 text = acc.add(event)
                 if text:
@@ -264,10 +267,11 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         acc = _StreamAccumulator(output_tool)
         events = await self._async_client().messages.create(**kwargs)
         async with events:
-            async for event in events:
-                text = acc.add(event)
-                if text:
-                    yield text
+            with _sdk_errors(events):
+                async for event in events:
+                    text = acc.add(event)
+                    if text:
+                        yield text
         yield acc.response()
 
     # -- request mapping -------------------------------------------------------------------
@@ -401,6 +405,14 @@ def _to_anthropic_messages(
         elif turn["role"] == "user" and len(content) > 1:
             content.sort(key=_tool_results_first)
     return ("\n\n".join(system) if system else None), turns
+
+
+def _sdk_errors(events: Any) -> contextlib.AbstractContextManager[None]:
+    """A transport failure while reading ``events`` raised as the SDK's
+    ``APITimeoutError`` / ``APIConnectionError``."""
+    return transport_errors_as(
+        anthropic.APITimeoutError, anthropic.APIConnectionError, events.response
+    )
 
 
 def _needs_stream(error: ValueError) -> bool:
