@@ -6,6 +6,7 @@ classes in, so this module stays importable without either installed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import re
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
-from .._per_loop import PerLoop
+from .._per_loop import PerLoop, close_in_loop
 
 __all__ = [
     "LazyClient",
@@ -123,7 +124,9 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         self._http_client = http_client
         self._async_http_client = async_http_client
         self._given_async_client = async_client
-        self._async_clients: PerLoop[AsyncT] = PerLoop()
+        # Each closed in its own loop when asyncio.run() ends that loop: left to the garbage
+        # collector, the SDK would schedule its closing in whichever loop runs then.
+        self._async_clients: PerLoop[AsyncT] = PerLoop(aclose=_aclose)
 
     def __repr__(self) -> str:
         where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
@@ -142,15 +145,24 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         )
 
     def close(self) -> None:
-        """Close the sync SDK client this model made (one handed in is left open)."""
+        """Close the SDK clients this model made (those handed in are left open).
+
+        An async client is closed in its own event loop: at once if that loop is idle, soon
+        if it is running; one whose loop has already closed was closed when asyncio.run()
+        ended that loop, or can no longer be.
+        """
         self._close_client()
+        for loop, client in self._async_clients.pop_all():
+            close_in_loop(loop, client.close)
 
     async def aclose(self) -> None:
-        """Close the SDK clients this model made: the sync one and this event loop's async one."""
-        self.close()
+        """Close the SDK clients this model made, this event loop's async one awaited."""
         client = self._async_clients.pop()
         if client is not None:
             await client.close()
+        # In a thread: closing another loop's client may run that loop, which this thread,
+        # running this one, cannot.
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Self:
         return self
@@ -165,9 +177,46 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         await self.aclose()
 
 
+async def _aclose(client: _AsyncClient) -> None:
+    await client.close()
+
+
 def _redact_url(url: str) -> str:
     # A base URL may carry credentials (https://user:secret@host/v1).
     return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+@contextlib.contextmanager
+def transport_errors_as(
+    timeout_error: Callable[..., Exception],
+    connection_error: Callable[..., Exception],
+    response: Any,
+) -> Iterator[None]:
+    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
+    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
+    # A stream's body is read after the SDK's create() returned: a connection dropped or
+    # stalled midway would escape as the HTTP library's error, where one before the stream
+    # started is the SDK's (and the openai SDK translates it itself).
+    try:
+        yield
+    except Exception as exc:
+        kind = _transport_failure(exc)
+        if kind is None:
+            raise
+        error = timeout_error if kind == "timeout" else connection_error
+        raise error(request=response.request) from exc
+
+
+def _transport_failure(exc: Exception) -> str | None:
+    # Only a module already loaded can have raised its error; the SDK may be on either.
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        if module is not None:
+            if isinstance(exc, module.TimeoutException):
+                return "timeout"
+            if isinstance(exc, module.RequestError):
+                return "connection"
+    return None
 
 
 @contextlib.contextmanager
