@@ -252,6 +252,39 @@ def _transport_failure(exc: Exception) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def transport_errors_as(
+    timeout_error: Callable[..., Exception],
+    connection_error: Callable[..., Exception],
+    response: Any,
+) -> Iterator[None]:
+    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
+    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
+    # A stream's body is read after the SDK's create() returned: a connection dropped or
+    # stalled midway would escape as the HTTP library's error, where one before the stream
+    # started is the SDK's (and the openai SDK translates it itself).
+    try:
+        yield
+    except Exception as exc:
+        kind = _transport_failure(exc)
+        if kind is None:
+            raise
+        error = timeout_error if kind == "timeout" else connection_error
+        raise error(request=response.request) from exc
+
+
+def _transport_failure(exc: Exception) -> str | None:
+    # Only a module already loaded can have raised its error; the SDK may be on either.
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        if module is not None:
+            if isinstance(exc, module.TimeoutException):
+                return "timeout"
+            if isinstance(exc, module.RequestError):
+                return "connection"
+    return None
+
+
 # -- constructor checks ----------------------------------------------------------------------
 
 
@@ -315,7 +348,8 @@ def check_clients(
     async_client: object,
     connection: Mapping[str, object],
 ) -> None:
-    """Reject handed-in clients of the wrong SDK class, and settings both of them make moot."""
+    """Reject handed-in clients of the wrong SDK class, and connection settings that could
+    reach only one of the two paths, or neither."""
     for name, value, kind in (("client", client, sdk[0]), ("async_client", async_client, sdk[1])):
         if value is not None and not isinstance(value, kind):
             # Named as users import it: openai.OpenAI, not openai._client.OpenAI.
@@ -329,6 +363,20 @@ def check_clients(
             raise ValueError(
                 f"{', '.join(unused)} would go unused: client= and async_client= are "
                 "both given, so set these on those clients instead"
+            )
+    elif client is not None or async_client is not None:
+        # The client made for the other path follows the one given, so an option could only
+        # reach the client made: sync and async calls would differ (another server, say).
+        given, other = ("client", "async") if client is not None else ("async_client", "sync")
+        own = "async_http_client" if client is not None else "http_client"
+        one_sided = [
+            name for name, value in connection.items() if value is not None and name != own
+        ]
+        if one_sided:
+            raise ValueError(
+                f"{', '.join(one_sided)} cannot be given with {given}=: the {other} client "
+                f"made beside it takes its settings from it, so set these on the client you "
+                f"pass instead"
             )
 
 

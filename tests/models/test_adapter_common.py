@@ -6,12 +6,17 @@ import asyncio
 import gc
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 from _anthropic_server import AnthropicServer, text
+from _loopback import ANTHROPIC_KEY, OPENAI_KEY
 from _openai_server import OpenAIServer
 
 from aiservices.messages import UserMessage
 from aiservices.models import ChatRequest
+from aiservices.models.anthropic import AnthropicChatModel
+from aiservices.models.openai import OpenAIChatModel
 
 REQUEST = ChatRequest([UserMessage("Hi")])
 PROVIDERS = ["openai", "anthropic"]
@@ -84,3 +89,53 @@ async def test_aclose_closes_this_loops_async_client(
         pass
     assert client.is_closed()
     assert model._async_client() is not client  # the next call makes another
+
+
+# -- a handed-in client beside connection options ---------------------------------------------
+
+
+_OPTIONS: dict[str, Any] = {
+    "api_key": "sk-other",
+    "base_url": "http://127.0.0.1:1/v1",
+    "timeout": 5.0,
+    "max_retries": 0,
+    "default_headers": {"X-Tenant": "t1"},
+}
+
+
+@pytest.mark.parametrize("option", sorted(_OPTIONS))
+@pytest.mark.parametrize("given", ["client", "async_client"])
+def test_connection_options_beside_one_handed_in_client_are_an_error(
+    option: str, given: str
+) -> None:
+    # They could reach only the client made for the other path: sync and async calls would
+    # go to different servers, or with different keys, timeouts or headers.
+    sdk_client = (
+        openai.OpenAI(api_key=OPENAI_KEY)
+        if given == "client"
+        else openai.AsyncOpenAI(api_key=OPENAI_KEY)
+    )
+    with pytest.raises(
+        ValueError, match=rf"^{option} cannot be given with {given}=: .* set these on the client"
+    ):
+        OpenAIChatModel("m", **{given: sdk_client, option: _OPTIONS[option]})
+
+
+def test_the_anthropic_adapter_refuses_them_too() -> None:
+    client = anthropic.Anthropic(api_key=ANTHROPIC_KEY, base_url="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match=r"^base_url, timeout cannot be given with client="):
+        AnthropicChatModel("c", client=client, base_url="http://127.0.0.1:2", timeout=1.0)
+    client.close()
+
+
+def test_the_other_paths_http_client_beside_one_handed_in_client_is_used() -> None:
+    # async_http_client= is for the async client made beside client=: it takes effect.
+    import httpx2
+
+    http = httpx2.Client()
+    with openai.OpenAI(api_key=OPENAI_KEY) as client:
+        model = OpenAIChatModel("m", client=client, async_http_client=httpx2.AsyncClient())
+        with pytest.raises(ValueError, match=r"^http_client cannot be given with client="):
+            OpenAIChatModel("m", client=client, http_client=http)
+    http.close()
+    model.close()
