@@ -536,6 +536,10 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
     if not isinstance(message, Message):
         # The SDK hands back the raw body when a server answers with something else.
         raise ValueError(f"the server did not answer with a message: {str(message)[:200]!r}")
+    if message.type != "message" or not isinstance(message.content, list):
+        # Built from whatever JSON came with the 200, unchecked: a gateway's error object,
+        # or a message without its content.
+        raise _not_a_message(message)
     texts: list[str] = []
     requests: list[ToolExecutionRequest] = []
     reasoning: list[Reasoning] = []
@@ -568,6 +572,25 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
             finish = "stop"
     return ChatResponse(
         AiMessage(text, requests, reasoning=reasoning or None), _usage(message.usage), finish
+    )
+
+
+def _not_a_message(message: Message) -> ValueError:
+    """The error for a 200 answer that is not a whole message, in the server's words if it
+    gave any."""
+    error: object = (message.model_extra or {}).get("error")
+    if error is not None:
+        text, kind = error, None
+        if isinstance(error, dict):
+            text = error.get("message") or error
+            kind = error.get("type")
+        where = f" ({kind})" if kind is not None else ""
+        return ValueError(
+            f"the server answered with an error instead of a message{where}: {text}"[:1000]
+        )
+    return ValueError(
+        f"the server answered with a message without its content (type {message.type!r}, "
+        f"content {message.content!r:.100})"
     )
 
 
