@@ -14,7 +14,7 @@ from _loopback import ANTHROPIC_KEY, OPENAI_KEY
 from _openai_server import OpenAIServer
 
 from aiservices.messages import UserMessage
-from aiservices.models import ChatRequest
+from aiservices.models import ChatRequest, TokenUsage
 from aiservices.models.anthropic import AnthropicChatModel
 from aiservices.models.openai import OpenAIChatModel
 
@@ -139,3 +139,15 @@ def test_the_other_paths_http_client_beside_one_handed_in_client_is_used() -> No
             OpenAIChatModel("m", client=client, http_client=http)
     http.close()
     model.close()
+
+
+# -- token usage ------------------------------------------------------------------------------
+
+
+def test_sum_adds_token_usages() -> None:
+    usages = [TokenUsage(10, 2), TokenUsage(5, None), TokenUsage(None, 1)]
+    assert sum(usages) == TokenUsage(15, 3)
+    assert sum(usages, TokenUsage()) == TokenUsage(15, 3)
+    assert sum([TokenUsage(1, 1)]) == TokenUsage(1, 1)
+    with pytest.raises(TypeError):
+        TokenUsage(1, 1) + 1  # type: ignore[operator]
