@@ -182,74 +182,19 @@ async def _aclose(client: _AsyncClient) -> None:
 
 
 def _redact_url(url: str) -> str:
-    # A base URL may carry credentials (https://user:secret@host/v1).
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
-@contextlib.contextmanager
-def transport_errors_as(
-    timeout_error: Callable[..., Exception],
-    connection_error: Callable[..., Exception],
-    response: Any,
-) -> Iterator[None]:
-    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
-    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
-    # A stream's body is read after the SDK's create() returned: a connection dropped or
-    # stalled midway would escape as the HTTP library's error, where one before the stream
-    # started is the SDK's (and the openai SDK translates it itself).
-    try:
-        yield
-    except Exception as exc:
-        kind = _transport_failure(exc)
-        if kind is None:
-            raise
-        error = timeout_error if kind == "timeout" else connection_error
-        raise error(request=response.request) from exc
-
-
-def _transport_failure(exc: Exception) -> str | None:
-    # Only a module already loaded can have raised its error; the SDK may be on either.
-    for name in ("httpx2", "httpx"):
-        module = sys.modules.get(name)
-        if module is not None:
-            if isinstance(exc, module.TimeoutException):
-                return "timeout"
-            if isinstance(exc, module.RequestError):
-                return "connection"
-    return None
-
-
-@contextlib.contextmanager
-def transport_errors_as(
-    timeout_error: Callable[..., Exception],
-    connection_error: Callable[..., Exception],
-    response: Any,
-) -> Iterator[None]:
-    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
-    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
-    # A stream's body is read after the SDK's create() returned: a connection dropped or
-    # stalled midway would escape as the HTTP library's error, where one before the stream
-    # started is the SDK's (and the openai SDK translates it itself).
-    try:
-        yield
-    except Exception as exc:
-        kind = _transport_failure(exc)
-        if kind is None:
-            raise
-        error = timeout_error if kind == "timeout" else connection_error
-        raise error(request=response.request) from exc
-
-
-def _transport_failure(exc: Exception) -> str | None:
-    # Only a module already loaded can have raised its error; the SDK may be on either.
-    for name in ("httpx2", "httpx"):
-        module = sys.modules.get(name)
-        if module is not None:
-            if isinstance(exc, module.TimeoutException):
-                return "timeout"
-            if isinstance(exc, module.RequestError):
-                return "connection"
-    return None
+    # A base URL may carry credentials (https://user:secret@host/v1), and a gateway's key
+    # may be in its query (?api-key=..., ?sig=...) or even its fragment: every query value
+    # and the fragment are masked, as a secret cannot be told by its name.
+    url, hash_mark, fragment = url.partition("#")
+    url = re.sub(r"//[^/@?]*@", "//***@", url)
+    head, mark, query = url.partition("?")
+    if mark:
+        items = [
+            f"{name}=***" if equals else ("***" if name else "")
+            for name, equals, _ in (item.partition("=") for item in query.split("&"))
+        ]
+        head = f"{head}?{'&'.join(items)}"
+    return f"{head}{hash_mark}{'***' if fragment else ''}"
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -138,6 +139,32 @@ def test_the_other_paths_http_client_beside_one_handed_in_client_is_used() -> No
         with pytest.raises(ValueError, match=r"^http_client cannot be given with client="):
             OpenAIChatModel("m", client=client, http_client=http)
     http.close()
+    model.close()
+
+
+# -- the base URL in a repr -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("base_url", "shown"),
+    [
+        ("https://gw.example.com/v1?api-key=SECRET1", "https://gw.example.com/v1?api-key=***"),
+        (
+            "https://gw.example.com/v1?api-version=2024&token=SECRET1",
+            "https://gw.example.com/v1?api-version=***&token=***",
+        ),
+        ("https://gw.example.com/v1?SECRET1", "https://gw.example.com/v1?***"),
+        ("https://gw.example.com/v1#SECRET1", "https://gw.example.com/v1#***"),
+        ("https://user:SECRET1@gw.example.com/v1?k=SECRET1", "https://***@gw.example.com/v1?k=***"),
+    ],
+)
+@pytest.mark.parametrize("make", [OpenAIChatModel, AnthropicChatModel])
+def test_a_repr_masks_every_query_value_and_the_fragment_of_the_base_url(
+    make: Callable[..., Any], base_url: str, shown: str
+) -> None:
+    model = make("m", base_url=base_url, api_key="k")
+    assert "SECRET1" not in repr(model)
+    assert repr(model) == f"{type(model).__name__}(model='m', base_url='{shown}')"
     model.close()
 
 
