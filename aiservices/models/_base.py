@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..messages import AiMessage, ChatMessage
 
@@ -128,9 +128,12 @@ class TokenUsage:
             return None
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
-    def __add__(self, other: TokenUsage | None) -> TokenUsage:
-        if other is None:
+    def __add__(self, other: TokenUsage | Literal[0] | None) -> TokenUsage:
+        """The sum of both counts; ``None`` or ``0`` (where ``sum()`` starts) adds nothing."""
+        if other is None or (type(other) is int and other == 0):
             return self
+        if not isinstance(other, TokenUsage):
+            return NotImplemented
         return TokenUsage(
             _add(self.input_tokens, other.input_tokens),
             _add(self.output_tokens, other.output_tokens),

@@ -6,13 +6,16 @@ classes in, so this module stays importable without either installed.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import re
+import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
-from .._per_loop import PerLoop
+from .._per_loop import PerLoop, close_in_loop
 
 __all__ = [
     "LazyClient",
@@ -30,6 +33,7 @@ __all__ = [
     "create_keywords",
     "merge_extra",
     "plain",
+    "transport_errors_as",
 ]
 
 _CACHE_LIMIT: Final = 512
@@ -120,7 +124,9 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         self._http_client = http_client
         self._async_http_client = async_http_client
         self._given_async_client = async_client
-        self._async_clients: PerLoop[AsyncT] = PerLoop()
+        # Each closed in its own loop when asyncio.run() ends that loop: left to the garbage
+        # collector, the SDK would schedule its closing in whichever loop runs then.
+        self._async_clients: PerLoop[AsyncT] = PerLoop(aclose=_aclose)
 
     def __repr__(self) -> str:
         where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
@@ -139,15 +145,24 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         )
 
     def close(self) -> None:
-        """Close the sync SDK client this model made (one handed in is left open)."""
+        """Close the SDK clients this model made (those handed in are left open).
+
+        An async client is closed in its own event loop: at once if that loop is idle, soon
+        if it is running; one whose loop has already closed was closed when asyncio.run()
+        ended that loop, or can no longer be.
+        """
         self._close_client()
+        for loop, client in self._async_clients.pop_all():
+            close_in_loop(loop, client.close)
 
     async def aclose(self) -> None:
-        """Close the SDK clients this model made: the sync one and this event loop's async one."""
-        self.close()
+        """Close the SDK clients this model made, this event loop's async one awaited."""
         client = self._async_clients.pop()
         if client is not None:
             await client.close()
+        # In a thread: closing another loop's client may run that loop, which this thread,
+        # running this one, cannot.
+        await asyncio.to_thread(self.close)
 
     def __enter__(self) -> Self:
         return self
@@ -162,9 +177,57 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         await self.aclose()
 
 
+async def _aclose(client: _AsyncClient) -> None:
+    await client.close()
+
+
 def _redact_url(url: str) -> str:
-    # A base URL may carry credentials (https://user:secret@host/v1).
-    return re.sub(r"//[^/@]*@", "//***@", url)
+    # A base URL may carry credentials (https://user:secret@host/v1), and a gateway's key
+    # may be in its query (?api-key=..., ?sig=...) or even its fragment: every query value
+    # and the fragment are masked, as a secret cannot be told by its name.
+    url, hash_mark, fragment = url.partition("#")
+    url = re.sub(r"//[^/@?]*@", "//***@", url)
+    head, mark, query = url.partition("?")
+    if mark:
+        items = [
+            f"{name}=***" if equals else ("***" if name else "")
+            for name, equals, _ in (item.partition("=") for item in query.split("&"))
+        ]
+        head = f"{head}?{'&'.join(items)}"
+    return f"{head}{hash_mark}{'***' if fragment else ''}"
+
+
+@contextlib.contextmanager
+def transport_errors_as(
+    timeout_error: Callable[..., Exception],
+    connection_error: Callable[..., Exception],
+    response: Any,
+) -> Iterator[None]:
+    """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
+    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
+    # A stream's body is read after the SDK's create() returned: a connection dropped or
+    # stalled midway would escape as the HTTP library's error, where one before the stream
+    # started is the SDK's (and the openai SDK translates it itself).
+    try:
+        yield
+    except Exception as exc:
+        kind = _transport_failure(exc)
+        if kind is None:
+            raise
+        error = timeout_error if kind == "timeout" else connection_error
+        raise error(request=response.request) from exc
+
+
+def _transport_failure(exc: Exception) -> str | None:
+    # Only a module already loaded can have raised its error; the SDK may be on either.
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        if module is not None:
+            if isinstance(exc, module.TimeoutException):
+                return "timeout"
+            if isinstance(exc, module.RequestError):
+                return "connection"
+    return None
 
 
 # -- constructor checks ----------------------------------------------------------------------
@@ -230,7 +293,8 @@ def check_clients(
     async_client: object,
     connection: Mapping[str, object],
 ) -> None:
-    """Reject handed-in clients of the wrong SDK class, and settings both of them make moot."""
+    """Reject handed-in clients of the wrong SDK class, and connection settings that could
+    reach only one of the two paths, or neither."""
     for name, value, kind in (("client", client, sdk[0]), ("async_client", async_client, sdk[1])):
         if value is not None and not isinstance(value, kind):
             # Named as users import it: openai.OpenAI, not openai._client.OpenAI.
@@ -244,6 +308,20 @@ def check_clients(
             raise ValueError(
                 f"{', '.join(unused)} would go unused: client= and async_client= are "
                 "both given, so set these on those clients instead"
+            )
+    elif client is not None or async_client is not None:
+        # The client made for the other path follows the one given, so an option could only
+        # reach the client made: sync and async calls would differ (another server, say).
+        given, other = ("client", "async") if client is not None else ("async_client", "sync")
+        own = "async_http_client" if client is not None else "http_client"
+        one_sided = [
+            name for name, value in connection.items() if value is not None and name != own
+        ]
+        if one_sided:
+            raise ValueError(
+                f"{', '.join(one_sided)} cannot be given with {given}=: the {other} client "
+                f"made beside it takes its settings from it, so set these on the client you "
+                f"pass instead"
             )
 
 

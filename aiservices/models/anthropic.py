@@ -7,6 +7,7 @@ Errors are the SDK's own (``anthropic.AuthenticationError``, ``anthropic.RateLim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -45,6 +46,7 @@ from ._sdk import (
     followed_client,
     merge_extra,
     plain,
+    transport_errors_as,
 )
 
 if TYPE_CHECKING:
@@ -219,7 +221,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             if not _needs_stream(exc):
                 raise
             acc = _StreamAccumulator(output_tool)
-            with client.messages.create(**kwargs, stream=True) as events:
+            with client.messages.create(**kwargs, stream=True) as events, _sdk_errors(events):
                 for event in events:
                     acc.add(event)
             return acc.response()
@@ -237,8 +239,9 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             acc = _StreamAccumulator(output_tool)
             events = await client.messages.create(**kwargs, stream=True)
             async with events:
-                async for event in events:
-                    acc.add(event)
+                with _sdk_errors(events):
+                    async for event in events:
+                        acc.add(event)
             return acc.response()
         return _response(message, output_tool)
 
@@ -250,7 +253,7 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         kwargs, output_tool = self._request(request)
         kwargs["stream"] = True
         acc = _StreamAccumulator(output_tool)
-        with self._sync_client().messages.create(**kwargs) as events:
+        with self._sync_client().messages.create(**kwargs) as events, _sdk_errors(events):
             for event in events:
                 text = acc.add(event)
                 if text:
@@ -264,10 +267,11 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         acc = _StreamAccumulator(output_tool)
         events = await self._async_client().messages.create(**kwargs)
         async with events:
-            async for event in events:
-                text = acc.add(event)
-                if text:
-                    yield text
+            with _sdk_errors(events):
+                async for event in events:
+                    text = acc.add(event)
+                    if text:
+                        yield text
         yield acc.response()
 
     # -- request mapping -------------------------------------------------------------------
@@ -403,6 +407,14 @@ def _to_anthropic_messages(
     return ("\n\n".join(system) if system else None), turns
 
 
+def _sdk_errors(events: Any) -> contextlib.AbstractContextManager[None]:
+    """A transport failure while reading ``events`` raised as the SDK's
+    ``APITimeoutError`` / ``APIConnectionError``."""
+    return transport_errors_as(
+        anthropic.APITimeoutError, anthropic.APIConnectionError, events.response
+    )
+
+
 def _needs_stream(error: ValueError) -> bool:
     # The SDK's own refusal, made before any request is sent.
     return str(error).startswith("Streaming is required")
@@ -524,6 +536,10 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
     if not isinstance(message, Message):
         # The SDK hands back the raw body when a server answers with something else.
         raise ValueError(f"the server did not answer with a message: {str(message)[:200]!r}")
+    if message.type != "message" or not isinstance(message.content, list):
+        # Built from whatever JSON came with the 200, unchecked: a gateway's error object,
+        # or a message without its content.
+        raise _not_a_message(message)
     texts: list[str] = []
     requests: list[ToolExecutionRequest] = []
     reasoning: list[Reasoning] = []
@@ -556,6 +572,25 @@ def _response(message: Any, output_tool: str | None) -> ChatResponse:
             finish = "stop"
     return ChatResponse(
         AiMessage(text, requests, reasoning=reasoning or None), _usage(message.usage), finish
+    )
+
+
+def _not_a_message(message: Message) -> ValueError:
+    """The error for a 200 answer that is not a whole message, in the server's words if it
+    gave any."""
+    error: object = (message.model_extra or {}).get("error")
+    if error is not None:
+        text, kind = error, None
+        if isinstance(error, dict):
+            text = error.get("message") or error
+            kind = error.get("type")
+        where = f" ({kind})" if kind is not None else ""
+        return ValueError(
+            f"the server answered with an error instead of a message{where}: {text}"[:1000]
+        )
+    return ValueError(
+        f"the server answered with a message without its content (type {message.type!r}, "
+        f"content {message.content!r:.100})"
     )
 
 

@@ -481,6 +481,18 @@ def _response(completion: Any) -> ChatResponse:
         )
     choice = choices[0]
     message = choice.message
+    if message is None:
+        # Built from whatever JSON came with the 200, unchecked: a gateway's failure may
+        # leave the choice without its message, saying why beside it or not at all.
+        error = (choice.model_extra or {}).get("error") or (completion.model_extra or {}).get(
+            "error"
+        )
+        if error is not None:
+            raise _error_in_body(completion, error)
+        raise ValueError(
+            f"the server answered with a choice without a message (finish_reason "
+            f"{choice.finish_reason!r}, completion id {completion.id!r})"
+        )
     text = _text_of(message.content)
     reason = choice.finish_reason
     if text is None:

@@ -41,6 +41,8 @@ class Reply:
     delay: float = 0.0  # seconds to wait before answering
     # Drop the connection after this many SSE events, as a server or proxy failing midway.
     abort_after: int | None = None
+    # Send nothing more after this many SSE events, until the server stops: a stalled stream.
+    stall_after: int | None = None
 
 
 class LoopbackServer:
@@ -51,6 +53,7 @@ class LoopbackServer:
         self.violations: list[str] = []  # requests the real API would have refused
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # ends the stalls of stalled streams
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
         # A short poll keeps shutdown() quick: it waits for the serving loop's next poll.
@@ -71,6 +74,7 @@ class LoopbackServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=10)
@@ -85,6 +89,11 @@ class LoopbackServer:
         """Make the last queued stream drop its connection after ``after_events`` events."""
         with self._lock:
             self._replies[-1] = dataclasses.replace(self._replies[-1], abort_after=after_events)
+
+    def stall_last_stream(self, after_events: int) -> None:
+        """Make the last queued stream send nothing more after ``after_events`` events."""
+        with self._lock:
+            self._replies[-1] = dataclasses.replace(self._replies[-1], stall_after=after_events)
 
     def queue(self, *replies: Reply) -> None:
         with self._lock:
@@ -158,6 +167,10 @@ def _handler_for(server: LoopbackServer) -> type[BaseHTTPRequestHandler]:
                 if sent == reply.abort_after:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if sent == reply.stall_after:
+                    self.close_connection = True
+                    server._stopping.wait(60)
                     return
                 self._chunk(_sse(event, data))
             self.wfile.write(b"0\r\n\r\n")

@@ -8,7 +8,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from _anthropic_server import MODEL, AnthropicServer, text, tool_use
+from _anthropic_server import MODEL, AnthropicServer, message, text, tool_use
 from _loopback import ANTHROPIC_KEY, Reply
 
 from aiservices.messages import (
@@ -251,6 +251,35 @@ def test_a_stream_where_a_message_was_due_is_a_clear_error(
 
     with pytest.raises(ValueError, match="did not answer with a message"):
         anthropic_model().chat(ask())
+
+
+def test_an_error_object_in_a_successful_answer_is_raised_in_the_servers_words(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # As a gateway answers when the model behind it failed after the answer had begun.
+    anthropic_server.queue(
+        Reply(
+            body={
+                "type": "error",
+                "error": {"type": "overloaded_error", "message": "upstream model overloaded"},
+            }
+        )
+    )
+
+    with pytest.raises(ValueError, match=r"\(overloaded_error\): upstream model overloaded"):
+        anthropic_model().chat(ask())
+
+
+async def test_a_message_without_content_is_a_clear_error(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    body = message([text("x")])
+    body["content"] = None
+    anthropic_server.queue(Reply(body=body))
+
+    async with anthropic_model() as model:
+        with pytest.raises(ValueError, match="a message without its content"):
+            await model.achat(ask())
 
 
 # -- typed answers -------------------------------------------------------------------------

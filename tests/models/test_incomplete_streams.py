@@ -1,6 +1,7 @@
 """Answers that cannot be whole: a stream that ends without its final event is an error and
 records nothing; a refusal or an answer cut at the token limit is not asked again. Also:
-tool-only assistant turns are sent with "" content; Azure gets max_completion_tokens."""
+tool-only assistant turns are sent with "" content; Azure gets max_completion_tokens. A
+stream whose connection fails midway raises the SDK's own connection or timeout error."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any, Protocol
 
+import anthropic
+import openai
 import pytest
 from _anthropic_server import AnthropicServer, stream_events, text
-from _loopback import Reply
+from _loopback import LoopbackServer, Reply
 from _openai_server import OpenAIServer, chunks
 from pydantic import BaseModel
 
@@ -22,6 +25,7 @@ from aiservices import (
     OutputParseError,
     ai_service,
 )
+from aiservices.messages import UserMessage
 from aiservices.models import ChatRequest
 from aiservices.models.openai import OpenAIChatModel
 
@@ -94,6 +98,92 @@ def test_an_anthropic_stream_without_message_stop_records_nothing(
     anthropic_server.queue(Reply(events=events[:-1]))  # everything but message_stop
     with pytest.raises(IncompleteResponseError, match="without message_stop"):
         _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+# A read timeout would take the SDK's default (600 s) without one; a stalled stream never
+# resumes, so any timeout fires.
+_STALL_TIMEOUT = 1.0
+
+
+def _fail_midway(server: LoopbackServer, failure: str) -> None:
+    # After a few events, text among them: the answer has begun.
+    if failure == "dropped":
+        server.break_last_stream(after_events=4)
+    else:
+        server.stall_last_stream(after_events=4)
+
+
+_FAILURES = [
+    pytest.param("dropped", anthropic.APIConnectionError, openai.APIConnectionError, id="dropped"),
+    pytest.param("stalled", anthropic.APITimeoutError, openai.APITimeoutError, id="stalled"),
+]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("failure", "error", "_"), _FAILURES)
+def test_an_anthropic_stream_failing_midway_raises_the_sdks_error_and_records_nothing(
+    anthropic_server: AnthropicServer,
+    anthropic_model: Callable[..., Any],
+    mode: str,
+    failure: str,
+    error: type[Exception],
+    _: object,
+) -> None:
+    model = anthropic_model(timeout=_STALL_TIMEOUT)
+    bot = _bot(model)
+    anthropic_server.queue(
+        Reply(events=stream_events([text("The answer is 42.")], stop_reason="end_turn"))
+    )
+    _fail_midway(anthropic_server, failure)
+    with pytest.raises(error) as raised:
+        _consume(bot, model, mode)
+    assert type(raised.value) is error  # a timeout is also a connection error: not the reverse
+    assert bot.get_chat_memory("u").messages() == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_anthropic_chat_streaming_a_long_request_raises_the_sdks_error_when_it_fails_midway(
+    anthropic_server: AnthropicServer, anthropic_model: Callable[..., Any], mode: str
+) -> None:
+    # A max_tokens the SDK sends only as a stream (and only with its default timeout, so no
+    # stall here): chat() and achat() read a stream too.
+    model = anthropic_model(max_tokens=32_000)
+    anthropic_server.queue(
+        Reply(events=stream_events([text("The answer is 42.")], stop_reason="end_turn"))
+    )
+    _fail_midway(anthropic_server, "dropped")
+    request = ChatRequest([UserMessage("the answer?")])
+
+    async def achat() -> object:
+        try:
+            return await model.achat(request)
+        finally:
+            await model.aclose()
+
+    with pytest.raises(anthropic.APIConnectionError) as raised:
+        model.chat(request) if mode == "sync" else asyncio.run(achat())
+    assert type(raised.value) is anthropic.APIConnectionError
+    assert anthropic_server.bodies[0]["stream"] is True
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize(("failure", "_", "error"), _FAILURES)
+def test_an_openai_stream_failing_midway_raises_the_sdks_error_and_records_nothing(
+    openai_server: OpenAIServer,
+    openai_model: Callable[..., Any],
+    mode: str,
+    failure: str,
+    _: object,
+    error: type[Exception],
+) -> None:
+    model = openai_model(timeout=_STALL_TIMEOUT)
+    bot = _bot(model)
+    openai_server.reply_stream(["The answer ", "is ", "42."], finish_reason="stop")
+    _fail_midway(openai_server, failure)
+    with pytest.raises(error) as raised:
+        _consume(bot, model, mode)
+    assert type(raised.value) is error
     assert bot.get_chat_memory("u").messages() == []
 
 

@@ -318,6 +318,34 @@ def test_a_server_answering_no_choices_is_a_clear_error(
         openai_model().chat(ask())
 
 
+def test_a_choice_without_a_message_is_a_clear_error(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    body = completion("x")
+    del body["choices"][0]["message"]
+    body["choices"][0]["finish_reason"] = "error"
+    openai_server.reply_body(body)
+
+    with pytest.raises(ValueError, match=r"a choice without a message \(finish_reason 'error'"):
+        openai_model().chat(ask())
+
+
+def test_a_choice_without_a_message_gives_the_servers_error_in_its_words(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # As a gateway reports a failure of the model behind it in the choice.
+    body = completion("x")
+    body["choices"][0] = {
+        "index": 0,
+        "finish_reason": "error",
+        "error": {"code": 529, "message": "upstream model overloaded"},
+    }
+    openai_server.reply_body(body)
+
+    with pytest.raises(ValueError, match=r"\(code 529\): upstream model overloaded"):
+        openai_model().chat(ask())
+
+
 def test_a_stream_where_a_completion_was_due_is_a_clear_error(
     openai_server: OpenAIServer, openai_model: Make
 ) -> None:
