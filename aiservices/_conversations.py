@@ -41,12 +41,24 @@ class Conversation:
     id up again instead of running beside the conversation's successor.
     """
 
-    __slots__ = ("blocking", "evicted_before", "lock", "memory", "observe", "retired", "turns")
+    __slots__ = (
+        "blocking",
+        "erased",
+        "evicted_before",
+        "lock",
+        "memory",
+        "observe",
+        "retired",
+        "turns",
+    )
 
     def __init__(self, memory: ChatMemory) -> None:
         self.memory = memory
         self.lock = TurnLock()
         self.retired = False
+        # Retired because a turn erased it (a scope that ended while the turn ran): a forget
+        # that waited for it has nothing left to do.
+        self.erased = False
         self.turns = 0  # turns committed, counted with the lock held
         # What the memory had evicted before it was cached here: a provider may hand back
         # a memory it made before, whose evictions were counted when it was last dropped.
@@ -196,7 +208,10 @@ class Conversations:
 
     def forget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
         """Erase ``entry``'s conversation (memory, stored messages, history), between turns."""
-        entry = self.hold(entry, memory_id, key)
+        held = self.hold(entry, memory_id, key, erasing=True)
+        if held is None:
+            return
+        entry = held
         try:
             erase(entry.memory)
         finally:
@@ -205,7 +220,10 @@ class Conversations:
 
     async def aforget(self, entry: Conversation, memory_id: Hashable, key: str | None) -> None:
         """`forget` without blocking the event loop."""
-        entry = await self.ahold(entry, memory_id, key)
+        held = await self.ahold(entry, memory_id, key, erasing=True)
+        if held is None:
+            return
+        entry = held
         try:
             await aerase(entry)
         finally:
@@ -224,6 +242,7 @@ class Conversations:
         with self._lock:
             if forgotten:
                 self._forgotten += 1
+                entry.erased = True
             if self._table.get(key) is entry:
                 entry.retired = True
                 del self._table[key]
@@ -297,10 +316,16 @@ class Conversations:
         return True
 
     def hold(
-        self, entry: Conversation | None, memory_id: Hashable, key: str | None
-    ) -> Conversation:
+        self,
+        entry: Conversation | None,
+        memory_id: Hashable,
+        key: str | None,
+        *,
+        erasing: bool = False,
+    ) -> Conversation | None:
         """Take ``entry``'s turn lock, following the id to a new entry if it was retired
-        (``None``: not cached yet, made now)."""
+        (``None``: not cached yet, made now). ``erasing``: ``None`` instead when a turn
+        erased the entry meanwhile."""
         if entry is None:
             assert key is not None
             entry = self.get(memory_id, key)
@@ -309,12 +334,19 @@ class Conversations:
             if not entry.retired:
                 return entry
             entry.lock.release()
+            if erasing and entry.erased:
+                return None
             assert key is not None  # a service's own memory (chat_memory=) is never retired
             entry = self.get(memory_id, key)
 
     async def ahold(
-        self, entry: Conversation | None, memory_id: Hashable, key: str | None
-    ) -> Conversation:
+        self,
+        entry: Conversation | None,
+        memory_id: Hashable,
+        key: str | None,
+        *,
+        erasing: bool = False,
+    ) -> Conversation | None:
         """`hold` for a task: waits, and makes a memory, without blocking the event loop."""
         if entry is None:
             assert key is not None
@@ -324,6 +356,8 @@ class Conversations:
             if not entry.retired:
                 return entry
             entry.lock.release()
+            if erasing and entry.erased:
+                return None
             assert key is not None
             entry = await self.aget(memory_id, key)
 

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 from uuid import UUID
 
 import typing_extensions
-from pydantic import BaseModel, BeforeValidator, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, RootModel, TypeAdapter, ValidationError
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 from pydantic_core import PydanticCustomError
 
@@ -128,6 +128,7 @@ def _plan(annotation: Any) -> OutputPlan:
             f"describe it as JSON schema ({reason})"
         ) from None
     schema = _inline_root_ref(schema)
+    fields = _fields_if_all_optional(annotation, schema)
     wrapper: TypeAdapter[Any] | None = None
     if schema.get("type") != "object":
         # OpenAI's structured output needs an object at the root, so a list, a number or a
@@ -143,7 +144,7 @@ def _plan(annotation: Any) -> OutputPlan:
         admits_none,
         shown,
         exact_decimals=_decimals_only(annotation),
-        fields=_fields_if_all_optional(annotation),
+        fields=fields,
     ).parser()
     return OutputPlan(
         annotation,
@@ -384,22 +385,28 @@ def _is_scalar(tp: Any) -> bool:
     return tp in _SCALARS or (isinstance(tp, type) and issubclass(tp, enum.Enum))
 
 
-def _fields_if_all_optional(tp: Any) -> frozenset[str] | None:
+def _fields_if_all_optional(tp: Any, schema: dict[str, Any]) -> frozenset[str] | None:
     """The keys an object of ``tp`` may hold, when ``tp`` is an object type none of whose
     fields is required (a model, dataclass or TypedDict); else ``None``.
 
     Any JSON object validates as such a type (unknown keys are ignored, missing fields take
     their defaults), so an answer wrapped as ``{"value": {...}}`` would be read as the
-    defaults: an object with none of these keys is not taken as one of its values.
+    defaults: an object with none of these keys is not taken as one of its values. The keys
+    are the fields' names and the properties of ``schema`` (aliases, as the model is asked
+    for them); a type that may read other keys (a root model, a model validator that runs
+    before its fields) is left unchecked.
     """
     tp = _unaliased(tp)
     kind = get_origin(tp) or tp
     if not isinstance(kind, type):
         return None
-    keys: set[str] = set()
+    keys: set[str] = set(schema.get("properties", ()))
     if issubclass(kind, BaseModel):
-        if kind.model_config.get("extra") == "allow":
+        if kind.model_config.get("extra") == "allow" or issubclass(kind, RootModel):
             return None  # any key is data
+        validators = kind.__pydantic_decorators__.model_validators.values()
+        if any(v.info.mode in ("before", "wrap") for v in validators):
+            return None  # it may read the answer's keys its own way
         for name, field in kind.model_fields.items():
             if field.is_required():
                 return None

@@ -112,6 +112,8 @@ def _evaluate(node: ast.AST) -> Fraction | float:
 
 
 def _checked(value: Fraction | float) -> Fraction | float:
+    if isinstance(value, int):  # (what // gives)
+        value = Fraction(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError("the result is too large")

@@ -229,7 +229,9 @@ def _close_async(stream: AsyncGenerator[object, None], loop: object) -> bool:
         return _close_here(stream)
     assert isinstance(loop, asyncio.AbstractEventLoop)
     if not loop.is_running():
-        return False
+        # Ended already (read to its end with asyncio.run), or stuck for good on a loop that
+        # no longer runs: closing here finishes the first and says so of the second.
+        return _close_here(stream)
     # On another thread's loop: closed there, while this thread waits.
     asyncio.run_coroutine_threadsafe(_aclosed(stream), loop).result()
     return True

@@ -209,6 +209,7 @@ def test_provider_offline_ignores_a_key(tmp_path: Path) -> None:
         ("1 / 3", "0.3333333333333333333333333333"),
         ("2 ** -2", "0.25"),
         ("2 ** 0.5", "1.4142135623730951"),
+        ("(-2) ** (7 // 2)", "-8"),
     ],
 )
 def test_calculate(expression: str, result: str) -> None:

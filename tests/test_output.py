@@ -14,7 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import pytest
 import typing_extensions
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from aiservices._output import OutputPlan, UnsupportedOutputType, plan_output
 from aiservices.messages import AiMessage, UserMessage
@@ -385,6 +385,46 @@ def test_an_object_type_without_required_fields_unwraps_its_answer(
     assert parse(annotation, f'Here it is: {{"value": {inner}}}') == expected
     assert parse(annotation, inner) == expected
     assert parse(annotation, "{}") == annotation()  # nothing found is an answer
+
+
+@dataclasses.dataclass
+class AliasedBox:
+    width: Annotated[int, Field(alias="w")] = 0
+
+
+class AliasedOptions(typing_extensions.TypedDict, total=False):
+    color: Annotated[str, Field(alias="colour")]
+
+
+class Counts(RootModel[dict[str, int]]):
+    root: dict[str, int] = {}
+
+
+class Renamed(BaseModel):
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _full_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "fullName" in data:
+            return {"name": data["fullName"]}
+        return data
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "expected"),
+    [
+        (AliasedBox, '{"w": 5}', AliasedBox(5)),
+        (AliasedOptions, '{"colour": "red"}', {"color": "red"}),
+        (Counts, '{"apples": 3}', Counts({"apples": 3})),
+        (Renamed, '{"fullName": "Ada"}', Renamed(name="Ada")),
+    ],
+)
+def test_types_without_required_fields_take_the_keys_they_read(
+    annotation: Any, text: str, expected: Any
+) -> None:
+    # Aliases as the schema asks for them, a root model's own keys, a model validator's.
+    assert parse(annotation, text) == expected
 
 
 def test_an_object_with_none_of_the_fields_of_a_type_without_required_ones_is_refused() -> None:

@@ -21,6 +21,7 @@ from aiservices import (
     MemoryScope,
     MessageWindowChatMemory,
     SqliteChatMemoryStore,
+    StreamEvent,
     SystemMessage,
     UserMessage,
     ai_service,
@@ -165,6 +166,34 @@ def test_a_late_turn_of_a_forgetting_scope_leaves_no_history(tmp_path: Path) -> 
     assert store.get_history(memory_id) == []
     assert list(store.memory_ids()) == []
     store.close()
+
+
+def test_a_turn_running_when_its_scope_forgets_is_forgotten_once() -> None:
+    # The exit waits for the turn's lock, then finds the conversation the turn erased.
+    made: list[Hashable] = []
+    store = InMemoryChatMemoryStore()
+
+    def provider(memory_id: Hashable) -> MessageWindowChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(10, id=memory_id, store=store)
+
+    class Slow(ScriptedChatModel):
+        async def achat(self, request: Any) -> Any:
+            await asyncio.sleep(0.2)
+            return self.chat(request)
+
+    bot = ai_service(AsyncBot, model=Slow(default="ok"), chat_memory_provider=provider)
+
+    async def main() -> str:
+        async with memory_scope("s"):
+            task = asyncio.create_task(bot.chat("hi"))
+            await asyncio.sleep(0.05)  # the turn holds the conversation, in the model
+        return await task
+
+    assert asyncio.run(main()) == "ok"
+    assert store.get_messages("s") == []
+    assert made == ["s"]
+    assert bot.conversation_stats().conversations_forgotten == 1
 
 
 @pytest.mark.parametrize("on_exit", ["forget", "evict", "keep"])
@@ -634,6 +663,28 @@ def test_a_plain_with_closes_an_async_stream_paused_on_another_threads_loop() ->
         loop.call_soon_threadsafe(loop.stop)
         runner.join(5)
         loop.close()
+
+
+class AsyncEventsBot(Protocol):
+    def chat(self, text: str) -> AsyncIterator[StreamEvent]: ...
+
+
+def test_a_plain_with_forgets_after_an_async_stream_read_to_its_end_by_asyncio_run() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        AsyncEventsBot,
+        model=ScriptedChatModel(default="Hello there", chunk_size=3),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10, store=store),
+    )
+
+    async def read(stream: Any) -> list[str]:
+        return [type(event).__name__ async for event in stream]
+
+    with memory_scope("s"):
+        stream = bot.chat("my card is 4111")  # still referenced when the block ends
+        assert asyncio.run(read(stream))[-1] == "TurnCompleted"
+        assert [m.text for m in store.get_messages("s")] == ["my card is 4111", "Hello there"]
+    assert store.get_messages("s") == []
 
 
 async def _read(stream: Any) -> str:
