@@ -244,10 +244,7 @@ class Conversations:
                 self._forgotten += 1
                 entry.erased = True
             if self._table.get(key) is entry:
-                entry.retired = True
-                del self._table[key]
-                self._retired_turns += entry.turns
-                self._retired_evictions += _evicted_while_cached(entry)
+                self._drop(key, entry)
 
     def _make(self, memory_id: Hashable, key: str) -> Conversation:
         provider = self._provider
@@ -308,12 +305,16 @@ class Conversations:
         # Called with the table's lock held.
         if not entry.lock.try_acquire():
             return False
+        self._drop(key, entry)
+        entry.lock.release()
+        return True
+
+    def _drop(self, key: str, entry: Conversation) -> None:
+        # Called with the table's lock and the entry's held.
         entry.retired = True
         del self._table[key]
         self._retired_turns += entry.turns
         self._retired_evictions += _evicted_while_cached(entry)
-        entry.lock.release()
-        return True
 
     def hold(
         self,
