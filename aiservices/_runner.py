@@ -24,13 +24,13 @@ from ._turn import (
     FETCH,
     MODEL,
     READ,
+    SAY,
     TOOLS,
     Call,
     ServiceState,
     bind,
     failed,
     turn,
-    unstreamed_text,
 )
 from .models import ChatModel, ChatRequest, ChatResponse
 
@@ -130,6 +130,9 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
                             execution = toolbox.execute(request, memory_id, context, observer)
                             value.append(execution)
                             yield ToolCallFinished(execution)
+                    elif op == SAY:
+                        yield TextDelta(argument)
+                        value = None
                     else:
                         value = _perform(op, argument, conversation)
                 except Exception as raised:
@@ -142,9 +145,6 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
             if conversation is not None:
                 conversation.lock.release()
                 conversation = None
-            direct = unstreamed_text(stop.value)
-            if direct:
-                yield TextDelta(direct)
             yield TurnCompleted(stop.value)
     except BaseException as error:
         # An early close (GeneratorExit) or a cancellation ends the call too.
@@ -185,6 +185,8 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None
+    if op == SAY:
+        return None  # only a stream has a reader to hand it to
     if op == END:
         conversations, key, how = argument
         if how == "forget":
@@ -301,7 +303,10 @@ async def _aevents(
                 op, argument = send(value) if error is None else throw(error)
                 error = None
                 try:
-                    if op not in (MODEL, TOOLS):
+                    if op == SAY:
+                        yield TextDelta(argument)
+                        value = None
+                    elif op not in (MODEL, TOOLS):
                         value = await _aperform(op, argument, conversation)
                     elif op == TOOLS:
                         for request in argument[1]:
@@ -337,9 +342,6 @@ async def _aevents(
             if conversation is not None:
                 conversation.lock.release()
                 conversation = None
-            direct = unstreamed_text(stop.value)
-            if direct:
-                yield TextDelta(direct)
             yield TurnCompleted(stop.value)
     except BaseException as error:
         if not completed:
@@ -378,6 +380,8 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             memory.add(*messages)
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
+        return None
+    if op == SAY:
         return None
     if op == END:
         conversations, key, how = argument

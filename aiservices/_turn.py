@@ -69,7 +69,6 @@ __all__ = [
     "bind",
     "failed",
     "turn",
-    "unstreamed_text",
 ]
 
 # The operations a turn yields, each with its argument; the driver sends back the outcome.
@@ -84,6 +83,9 @@ FETCH: Final = 5
 # (conversations, key, "forget" or "evict") -> None: end the held conversation as a scope
 # that ended meanwhile did.
 END: Final = 6
+# The text of direct-return tools, which no model round streamed -> None: a stream hands it
+# to its reader before the turn is recorded, so that a reader who stops there records nothing.
+SAY: Final = 7
 
 Turn: TypeAlias = Generator[tuple[int, Any], Any, Any]
 
@@ -247,6 +249,8 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
                     "conversation"
                 )
             memory_id = str(uuid.uuid4())
+            # The new id is the parameter's value from here on: templates show it too.
+            args = (*args[:index], memory_id, *args[index + 1 :])
         try:
             key = key_of(memory_id)
         except TypeError:
@@ -499,6 +503,8 @@ def turn(state: ServiceState, call: Call) -> Turn:
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)
                 final: AiMessage | None = None
+                if type(value) is str and value:
+                    yield SAY, value
                 break
             continue
         replacer: Callable[..., Any] | None = None  # the guardrail whose answer this is
@@ -742,17 +748,6 @@ def _finish(  # noqa: PLR0917 - private, called from the turn's two ends
             response.finish_reason,
         )
     return result if plan.wraps_result else value
-
-
-def unstreamed_text(result: Result[Any]) -> str | None:
-    """What a stream still owes its reader at the end: a direct-return tool's answer, which
-    no model round streamed."""
-    if result.ai_message is not None or not result.tool_executions:
-        return None
-    # The call's value: the last round's results, not those of the rounds before it, which
-    # only the model was to see.
-    text: str = result.content
-    return text
 
 
 def failed(state: ServiceState, call: Call, error: BaseException) -> None:

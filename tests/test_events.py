@@ -217,6 +217,58 @@ def test_a_direct_return_tool_answers_as_a_text_delta() -> None:
     ]
 
 
+def test_a_stream_closed_at_a_direct_return_tools_answer_records_nothing() -> None:
+    # The answer no model streamed is handed over before the turn is recorded, as a model's
+    # last delta is: a reader who stops there leaves the conversation as it was.
+    @tool(return_direct=True)
+    def lookup(order: str) -> str:
+        """An order's status."""
+        return f"order {order}: shipped"
+
+    class Orders(ChatMemoryAccess, Protocol):
+        def events(self, user: Annotated[str, MemoryId], text: str) -> Iterator[StreamEvent]: ...
+
+        def text(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+        async def aevents(
+            self, user: Annotated[str, MemoryId], text: str
+        ) -> AsyncIterator[StreamEvent]: ...
+
+    from aiservices.testing import ScriptedChatModel, tool_call
+
+    model = ScriptedChatModel(*[tool_call("lookup", order="7")] * 4)
+    bot = ai_service(
+        Orders,
+        model=model,
+        tools=[lookup],
+        chat_memory_provider=MessageWindowChatMemory.provider(20),
+    )
+    with bot.events("ann", "order 7?") as events:
+        for event in events:
+            if isinstance(event, TextDelta):
+                assert event.text == "order 7: shipped"
+                break
+    assert events.result is None
+    with bot.text("bob", "order 7?") as chunks:
+        assert next(chunks) == "order 7: shipped"
+    assert chunks.result is None
+
+    async def stop_at_the_answer() -> None:
+        async with await bot.aevents("cid", "order 7?") as stream:
+            async for event in stream:
+                if isinstance(event, TextDelta):
+                    break
+
+    asyncio.run(stop_at_the_answer())
+    assert [bot.get_chat_memory(user).messages() for user in ("ann", "bob", "cid")] == [[]] * 3
+    # Read to its end, the same stream records the turn.
+    assert [type(e).__name__ for e in bot.events("dan", "order 7?")][-2:] == [
+        "TextDelta",
+        "TurnCompleted",
+    ]
+    assert len(bot.get_chat_memory("dan").messages()) == 3
+
+
 def test_event_streams_are_declared_as_iterators_of_stream_events() -> None:
     class Wrong(Protocol):
         def events(self, text: str) -> Iterator[int]: ...

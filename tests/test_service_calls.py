@@ -232,6 +232,24 @@ def test_optional_memory_id_none_starts_a_new_conversation() -> None:
     assert len(bot.get_chat_memory(first.memory_id).messages()) == 2
 
 
+def test_a_new_conversation_id_is_what_templates_show() -> None:
+    class Bot(Protocol):
+        @system_message("You are in conversation {{conversation}}.")
+        def chat(
+            self, conversation: Annotated[str | None, MemoryId], text: str
+        ) -> Result[str]: ...
+
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
+    new_id = bot.chat(None, "hi").memory_id
+    assert model.sent_texts(0)[0] == ("system", f"You are in conversation {new_id}.")
+    # The next call on that id finds the same system message: nothing is replaced.
+    bot.chat(new_id, "again")
+    assert [text for role, text in model.sent_texts(1) if role == "system"] == [
+        f"You are in conversation {new_id}."
+    ]
+
+
 def test_a_memory_id_marked_inside_an_optional_is_a_memory_id() -> None:
     # `Annotated[str, MemoryId] | None` is the natural spelling: read as unmarked, every
     # user shared one conversation.
