@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any
 
-from ._locks import TurnLock
+from ._locks import Reentered, TurnLock
 from .memory import ChatMemory
 from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider, is_own_store
 from .stores._base import store_key
@@ -331,7 +331,10 @@ class Conversations:
             assert key is not None
             entry = self.get(memory_id, key)
         while True:
-            entry.lock.acquire()
+            try:
+                entry.lock.acquire()
+            except Reentered:
+                raise _reentered(memory_id) from None
             if not entry.retired:
                 return entry
             entry.lock.release()
@@ -353,7 +356,10 @@ class Conversations:
             assert key is not None
             entry = await self.aget(memory_id, key)
         while True:
-            await entry.lock.aacquire()
+            try:
+                await entry.lock.aacquire()
+            except Reentered:
+                raise _reentered(memory_id) from None
             if not entry.retired:
                 return entry
             entry.lock.release()
@@ -361,6 +367,16 @@ class Conversations:
                 return None
             assert key is not None
             entry = await self.aget(memory_id, key)
+
+
+def _reentered(memory_id: Hashable) -> Reentered:
+    return Reentered(
+        f"a call on the conversation {memory_id!r} was made from inside a call that holds it "
+        "(its tool, guardrail or retriever called the service again), and would wait for "
+        "itself forever. Give the inner call a memory id of its own, or make it on a service "
+        "without this memory (a method without a MemoryId parameter shares the service's "
+        "conversation)"
+    )
 
 
 def _evicted_while_cached(entry: Conversation) -> int:

@@ -9,12 +9,49 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["TurnLock"]
+__all__ = ["Entered", "Reentered", "TurnLock", "enter", "leave"]
+
+
+class Reentered(RuntimeError):
+    """A call waited for a lock that the call it runs inside holds: it would wait forever."""
+
+
+# The locks held by the turns whose code (a tool, a guardrail, a retriever) runs in this
+# context: worker threads and tasks started from it inherit them, so a call back into one
+# of those conversations is refused instead of waiting for itself. Each entry is cleared
+# when that code returns, so that a task it left running waits as any other caller does.
+_entered: ContextVar[tuple[Entered, ...]] = ContextVar("aiservices_entered", default=())
+
+
+class Entered:
+    """One `enter`: the lock, while the code run inside its holder has not returned."""
+
+    __slots__ = ("lock", "token")
+
+    def __init__(self, lock: TurnLock) -> None:
+        self.lock: TurnLock | None = lock
+        self.token: Token[tuple[Entered, ...]] = _entered.set((*_entered.get(), self))
+
+
+def enter(lock: TurnLock) -> Entered:
+    """Note that the code run in this context from now on runs inside ``lock``'s holder."""
+    return Entered(lock)
+
+
+def leave(entered: Entered) -> None:
+    """Undo `enter`, here and in the contexts copied from this one meanwhile."""
+    entered.lock = None
+    _entered.reset(entered.token)
+
+
+def _inside(lock: TurnLock) -> bool:
+    return any(e.lock is lock for e in _entered.get())
 
 
 class TurnLock:
@@ -48,6 +85,8 @@ class TurnLock:
             mutex.release()
             return
         try:
+            if _inside(self):
+                raise Reentered(_REENTERED)
             if self._loop is not None and _runs_here(self._loop):
                 raise RuntimeError(
                     "a blocking call waits for a conversation that a task of the event loop "
@@ -89,6 +128,8 @@ class TurnLock:
                 self._held = True
                 self._loop = asyncio.get_running_loop()
                 return
+            if _inside(self):
+                raise Reentered(_REENTERED)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             entry = (future, loop)
@@ -162,6 +203,11 @@ class TurnLock:
             self.release()
         else:
             future.set_result(None)
+
+
+_REENTERED = (
+    "a call waits for a lock that the call it runs inside holds: it would wait for itself forever"
+)
 
 
 def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import aerase, erase, settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
+from ._locks import enter, leave
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._threads import Stopped, in_thread, is_async
 from ._turn import (
@@ -127,7 +128,14 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
                         value = []
                         for request in requests:
                             yield ToolCallStarted(request)
-                            execution = toolbox.execute(request, memory_id, context, observer)
+                            # (Entered and left between two yields: the reader's context
+                            # is this generator's only while it asks for the next event.)
+                            entered = None if conversation is None else enter(conversation.lock)
+                            try:
+                                execution = toolbox.execute(request, memory_id, context, observer)
+                            finally:
+                                if entered is not None:
+                                    leave(entered)
                             value.append(execution)
                             yield ToolCallFinished(execution)
                     elif op == SAY:
@@ -193,19 +201,25 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
             erase(conversation.memory)  # type: ignore[union-attr]
         conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
-    if op in (CALL, FETCH):
-        function, call_args = argument
-        value = _called(function, call_args, fetch=op == FETCH)
-        if inspect.isawaitable(value):
-            if inspect.iscoroutine(value):
-                value.close()
-            raise TypeError(
-                f"{getattr(function, '__qualname__', function)!r} returned an awaitable in a "
-                "sync call; give async guardrails and retrievers to async methods"
-            )
-        return value
-    toolbox, requests, memory_id, context, observer = argument
-    return toolbox.execute_all(requests, memory_id, context, observer)
+    # What is left runs the caller's code (tools, guardrails, retrievers) inside the turn.
+    entered = None if conversation is None else enter(conversation.lock)
+    try:
+        if op in (CALL, FETCH):
+            function, call_args = argument
+            value = _called(function, call_args, fetch=op == FETCH)
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError(
+                    f"{getattr(function, '__qualname__', function)!r} returned an awaitable "
+                    "in a sync call; give async guardrails and retrievers to async methods"
+                )
+            return value
+        toolbox, requests, memory_id, context, observer = argument
+        return toolbox.execute_all(requests, memory_id, context, observer)
+    finally:
+        if entered is not None:
+            leave(entered)
 
 
 def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, None, ChatResponse]:
@@ -389,23 +403,28 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             await aerase(conversation)  # type: ignore[arg-type]
         conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
-    if op == CALL:
-        function, call_args = argument
-        value = _called(function, call_args, fetch=False)
-        return (await value) if inspect.isawaitable(value) else value
-    if op == FETCH:
-        function, call_args = argument
-        if is_async(function):
-            return await function(*call_args)
-        try:
-            value = await in_thread(_called, function, call_args, fetch=True)
-        except Stopped as stopped:
-            raise RuntimeError(
-                f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
-            ) from stopped.stop
-        return (await value) if inspect.isawaitable(value) else value
-    toolbox, requests, memory_id, context, observer = argument
-    return await toolbox.aexecute_all(requests, memory_id, context, observer)
+    entered = None if conversation is None else enter(conversation.lock)
+    try:
+        if op == CALL:
+            function, call_args = argument
+            value = _called(function, call_args, fetch=False)
+            return (await value) if inspect.isawaitable(value) else value
+        if op == FETCH:
+            function, call_args = argument
+            if is_async(function):
+                return await function(*call_args)
+            try:
+                value = await in_thread(_called, function, call_args, fetch=True)
+            except Stopped as stopped:
+                raise RuntimeError(
+                    f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
+                ) from stopped.stop
+            return (await value) if inspect.isawaitable(value) else value
+        toolbox, requests, memory_id, context, observer = argument
+        return await toolbox.aexecute_all(requests, memory_id, context, observer)
+    finally:
+        if entered is not None:
+            leave(entered)
 
 
 def _called(function: Callable[..., Any], args: tuple[Any, ...], *, fetch: bool) -> Any:

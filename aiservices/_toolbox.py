@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from ._locks import Reentered
 from ._threads import Stopped, in_thread
 from .errors import InterfaceError
 from .messages import ToolExecutionRequest
@@ -411,6 +412,8 @@ class Toolbox:
                 value = tool.fn(*args, **kwargs)
                 if plan.is_async or _iscoroutine(value):
                     value = _run_coroutine(value)
+            except Reentered:
+                raise  # a call back into the conversation can never succeed: not the model's
             except Exception as exc:
                 error = _raised_error(request, exc)
             else:
@@ -454,6 +457,8 @@ class Toolbox:
                     value = await in_thread(tool.fn, *args, **kwargs)
                     if _iscoroutine(value):
                         value = await value
+            except Reentered:
+                raise
             except Exception as exc:
                 error = _raised_error(request, exc)
             else:

@@ -1,0 +1,192 @@
+"""A call made from inside a call on the same conversation (by its tool, guardrail or
+retriever) is refused at once instead of waiting for itself forever."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, Protocol
+
+import pytest
+
+from aiservices import (
+    AiMessage,
+    ChatMemoryAccess,
+    MemoryId,
+    MessageWindowChatMemory,
+    ai_service,
+    tool,
+    user_message,
+)
+from aiservices.testing import ScriptedChatModel, tool_call
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread; fails the test instead of hanging it."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(("value", call()))
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            outcome.append(("error", error))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"the call still waited after {seconds} s"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+class Assistant(ChatMemoryAccess, Protocol):
+    def chat(self, message: str) -> str: ...
+
+    @user_message("Classify the sentiment of: {{text}}")
+    def classify(self, text: str) -> str: ...
+
+
+def test_a_tool_calling_its_services_shared_conversation_is_refused() -> None:
+    bots: list[Assistant] = []
+
+    @tool
+    def sentiment(text: str) -> str:
+        """The sentiment of a text."""
+        return bots[0].classify(text)
+
+    model = ScriptedChatModel(tool_call("sentiment", text="I love it"), "fine")
+    bot = ai_service(
+        Assistant, model=model, chat_memory=MessageWindowChatMemory(20), tools=[sentiment]
+    )
+    bots.append(bot)
+    with pytest.raises(RuntimeError, match="from inside a call that holds it") as info:
+        _within(10, lambda: bot.chat("How does this review sound?"))
+    assert "'default'" in str(info.value)
+    # Refused, not sent to the model as the tool's error: the model was asked once.
+    assert len(model.requests) == 1
+    # The conversation is free again and records nothing of the failed call.
+    assert bot.get_chat_memory("default").messages() == []
+    assert _within(10, lambda: bot.chat("hi")) == "fine"
+
+
+class Users(ChatMemoryAccess, Protocol):
+    def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+    async def achat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
+
+
+def test_async_and_threaded_tools_calling_back_are_refused() -> None:
+    bots: list[Users] = []
+
+    @tool
+    async def ask_async(user: Annotated[str, MemoryId]) -> str:
+        """Ask again."""
+        return await bots[0].achat(user, "inner")
+
+    @tool
+    def ask_sync(user: Annotated[str, MemoryId]) -> str:
+        """Ask again, blocking (run in a worker thread by an async call)."""
+        return bots[0].chat(user, "inner")
+
+    for name in ("ask_async", "ask_sync"):
+        model = ScriptedChatModel(tool_call(name), "outer")
+        bot = ai_service(
+            Users,
+            model=model,
+            tools=[ask_async, ask_sync],
+            chat_memory_provider=MessageWindowChatMemory.provider(20),
+        )
+        bots[:] = [bot]
+        with pytest.raises(RuntimeError, match="conversation 'u' was made from inside"):
+            _within(10, lambda: asyncio.run(bot.achat("u", "hi")))  # noqa: B023
+
+
+def test_a_tool_may_call_its_service_on_another_conversation() -> None:
+    bots: list[Users] = []
+
+    @tool
+    def ask_other() -> str:
+        """Ask in another conversation."""
+        return bots[0].chat("other", "inner")
+
+    model = ScriptedChatModel(tool_call("ask_other"), "inner answer", "outer answer")
+    bot = ai_service(
+        Users,
+        model=model,
+        tools=[ask_other],
+        chat_memory_provider=MessageWindowChatMemory.provider(20),
+    )
+    bots.append(bot)
+    assert _within(10, lambda: bot.chat("u", "hi")) == "outer answer"
+    assert [m.text for m in bot.get_chat_memory("other").messages()] == ["inner", "inner answer"]
+
+
+def test_a_guardrail_calling_back_is_refused() -> None:
+    bots: list[Users] = []
+
+    def judge(answer: AiMessage) -> None:
+        bots[0].chat("u", f"Is this fine? {answer.text}")
+
+    model = ScriptedChatModel("outer", "yes")
+    bot = ai_service(
+        Users,
+        model=model,
+        output_guardrails=[judge],
+        chat_memory_provider=MessageWindowChatMemory.provider(20),
+    )
+    bots.append(bot)
+    with pytest.raises(RuntimeError, match="from inside a call that holds it"):
+        _within(10, lambda: bot.chat("u", "hi"))
+
+
+def test_a_task_a_tool_leaves_running_waits_its_turn_afterwards() -> None:
+    # Started by a tool, it runs after the turn ended: then it is a caller like any other,
+    # and waits for whoever holds the conversation instead of being refused.
+    bots: list[Users] = []
+    started: list[asyncio.Task[str]] = []
+
+    class SlowOnBusy:
+        """Answers from a script; the request ending in "busy" takes a while."""
+
+        def __init__(self) -> None:
+            self.script = ScriptedChatModel(tool_call("spawn"), "outer", "slow", "follow-up")
+
+        def chat(self, request: Any) -> Any:
+            return self.script.chat(request)
+
+        async def achat(self, request: Any) -> Any:
+            if request.messages[-1].text == "busy":
+                await asyncio.sleep(0.1)
+            return self.script.chat(request)
+
+    async def scenario() -> list[str]:
+        gate = asyncio.Event()
+
+        async def later(user: str) -> str:
+            await gate.wait()
+            return await bots[0].achat(user, "later")
+
+        @tool
+        async def spawn(user: Annotated[str, MemoryId]) -> str:
+            """Start a follow-up."""
+            started.append(asyncio.create_task(later(user)))
+            return "started"
+
+        bot = ai_service(
+            Users,
+            model=SlowOnBusy(),
+            tools=[spawn],
+            chat_memory_provider=MessageWindowChatMemory.provider(20),
+        )
+        bots.append(bot)
+        first = await bot.achat("u", "hi")
+        holder = asyncio.create_task(bot.achat("u", "busy"))
+        await asyncio.sleep(0.02)  # the holder now waits for its model, the conversation held
+        gate.set()
+        answers = [first, await holder, await started[0]]
+        return [*answers, str(len(bot.get_chat_memory("u").messages()))]
+
+    assert _within(10, lambda: asyncio.run(scenario())) == ["outer", "slow", "follow-up", "8"]
