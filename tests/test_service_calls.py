@@ -235,9 +235,7 @@ def test_optional_memory_id_none_starts_a_new_conversation() -> None:
 def test_a_new_conversation_id_is_what_templates_show() -> None:
     class Bot(Protocol):
         @system_message("You are in conversation {{conversation}}.")
-        def chat(
-            self, conversation: Annotated[str | None, MemoryId], text: str
-        ) -> Result[str]: ...
+        def chat(self, conversation: Annotated[str | None, MemoryId], text: str) -> Result[str]: ...
 
     model = ScriptedChatModel(default="ok")
     bot = ai_service(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
