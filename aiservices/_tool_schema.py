@@ -177,6 +177,10 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                 "model would be shown one and the tool given the other: keep one"
             )
             continue
+        if default is None and not _admits_none(annotation):
+            # `limit: int = None`, the old spelling of an optional parameter: the model is
+            # shown the default, so it must be allowed to send it.
+            annotation = _optional(annotation)
         required = default is _EMPTY and not _has_field_default(metadata)
         fields[param.name] = _field(annotation, required)
         if default is not _EMPTY:
@@ -243,6 +247,22 @@ def _name_of(fn: Callable[..., Any]) -> str:
 
 def _field(annotation: Any, required: bool) -> Any:
     return Required[annotation] if required else NotRequired[annotation]
+
+
+def _admits_none(annotation: Any) -> bool:
+    try:
+        TypeAdapter(annotation).validate_python(None)
+    except Exception:
+        return False
+    return True
+
+
+def _optional(annotation: Any) -> Any:
+    """``annotation`` that also takes ``None``, its ``Annotated`` metadata kept."""
+    if get_origin(annotation) is Annotated:
+        base, *metadata = get_args(annotation)
+        return Annotated[(base | None, *metadata)]
+    return annotation | None
 
 
 def _has_field_default(metadata: tuple[Any, ...]) -> bool:

@@ -180,6 +180,25 @@ def test_defaults_are_shown_and_make_a_parameter_optional() -> None:
     assert props["where"]["default"] == {"street": "Main", "city": "Paris"}
 
 
+def test_a_none_default_lets_the_model_send_null() -> None:
+    # `limit: int = None` shows the model `"default": null`: sending it must be valid.
+    def fn(
+        limit: int = None,  # type: ignore[assignment]  # noqa: RUF013
+        page: Annotated[int, Field(description="Page", ge=1)] = None,  # type: ignore[assignment]  # noqa: RUF013
+        tag: str | None = None,
+    ) -> None: ...
+
+    signature = read_signature(fn, skip_first=False, where="fn")
+    props = signature.schema["properties"]
+    assert props["limit"] == {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None}
+    assert props["page"]["anyOf"] == [{"minimum": 1, "type": "integer"}, {"type": "null"}]
+    assert props["page"]["description"] == "Page"
+    assert props["tag"] == {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}
+    assert signature.validate_json('{"limit": null, "page": null}') == {"limit": None, "page": None}
+    with pytest.raises(ValidationError):
+        signature.validate_json('{"page": 0}')  # the field's own constraint still holds
+
+
 def test_a_default_without_a_json_form_is_left_out_silently() -> None:
     sentinel = Opaque()
 
