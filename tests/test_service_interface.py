@@ -510,6 +510,43 @@ def test_a_parameter_no_template_uses_fails_the_build() -> None:
     assert "the template has `{text}`: a placeholder takes two braces, `{{text}}`" in found[1]
 
 
+def test_single_braces_around_a_parameter_no_template_uses_fail_the_build() -> None:
+    class Bot(Protocol):
+        @system_message("You are a support agent for {product}.")
+        def support(self, message: str, product: str) -> str: ...
+
+        @system_message("You help {user}.")
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+        @user_message("{speaker} says: {{text}}")
+        def relay(self, speaker: Annotated[str, UserName], text: str) -> str: ...
+
+    found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    # The single braces are the mistake: not an ambiguous user message, nor text sent as is.
+    assert found == [
+        "Bot.support(product): no template uses this parameter, but the template has "
+        "`{product}`: a placeholder takes two braces, `{{product}}`",
+        "Bot.chat(user): no template uses this parameter, but the template has `{user}`: a "
+        "placeholder takes two braces, `{{user}}`",
+        "Bot.relay(speaker): no template uses this parameter, but the template has "
+        "`{speaker}`: a placeholder takes two braces, `{{speaker}}`",
+    ]
+
+
+def test_single_braces_around_other_names_are_text() -> None:
+    class Bot(Protocol):
+        # A JSON example, a name that is no parameter, and a parameter a placeholder uses.
+        @system_message('Answer as {"verdict": "..."}; fill {slot} for {{user}}, not {user}.')
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel("ok")
+    service: Any = build(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
+    service.chat("ann", "hi")
+    assert model.last_system_text == (
+        'Answer as {"verdict": "..."}; fill {slot} for ann, not {user}.'
+    )
+
+
 def test_a_class_given_for_an_instance_fails_the_build() -> None:
     class Bot(Protocol):
         def chat(self, user: Annotated[str, MemoryId], message: str) -> str: ...
