@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import inspect
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -124,13 +125,26 @@ def _with_guardrails(
 ) -> dict[str, MethodPlan]:
     """Each plan with the service's guardrails before its own; one ``InterfaceError`` for
     an async guardrail or an async callable of ``awaited`` (by option name) on a sync
-    method, or output guardrails on a stream."""
+    method, output guardrails on a stream, or a method's guardrail that can't take what it
+    is called with."""
     problems: list[str] = []
     merged: dict[str, MethodPlan] = {}
+    checked: set[int] = set()  # a class's guardrails are every method's: reported once
     for name, plan in plans.items():
         inputs = input_guardrails + plan.input_guardrails
         outputs = output_guardrails + plan.output_guardrails
         where = f"{plan.qualname}()"
+        for kind, argument, own in (
+            ("input", "text", plan.input_guardrails),
+            ("output", "message", plan.output_guardrails),
+        ):
+            for guardrail in own:
+                if id(guardrail) in checked or not callable(guardrail):
+                    continue
+                checked.add(id(guardrail))
+                problem = _call_problem(guardrail, "guardrail", (argument,))
+                if problem is not None:
+                    problems.append(f"{where}: the {kind} guardrail {problem}")
         if plan.kind not in ("async", "aevents", "astream"):
             for kind, given in (("input", inputs), ("output", outputs)):
                 problems += [
@@ -174,6 +188,55 @@ def _takes_context(function: object) -> bool:
 
 def _name(function: object) -> str:
     return getattr(function, "__qualname__", None) or repr(function)
+
+
+def _callable_name(function: object) -> str:
+    """``function``'s name as its signature follows it: a partial's function, a callable
+    object's ``__call__``."""
+    if isinstance(function, functools.partial):
+        return f"partial({_callable_name(function.func)}, ...)"
+    if inspect.isroutine(function) or isinstance(function, type):
+        return _name(function)
+    return f"{type(function).__qualname__}.__call__"
+
+
+def _call_problem(
+    function: object, call: str, arguments: tuple[str, ...], *, context: bool = False
+) -> str | None:
+    """Why ``function`` can't be called as ``call(*arguments)`` (with ``context=`` too when
+    it takes one), or ``None`` when it can or its signature can't be read."""
+    keywords = {"context": None} if context else {}
+    errors: list[str] = []
+    shown = ""
+    # A wrapper made with functools.wraps shows its wrapped function's signature, which may
+    # not be how it is called: it is refused only when neither signature can take the call.
+    for follow_wrapped in (True, False):
+        try:
+            signature = inspect.signature(function, follow_wrapped=follow_wrapped)  # type: ignore[arg-type]
+        except Exception:  # a builtin or a C callable, say: nothing to check it against
+            return None
+        try:
+            signature.bind(*arguments, **keywords)
+        except TypeError as exc:
+            errors.append(str(exc))
+        else:
+            return None
+        if not shown:
+            # The parameters' names and kinds are what matter here, not their types.
+            shown = str(
+                signature.replace(
+                    parameters=[
+                        p.replace(annotation=inspect.Parameter.empty)
+                        for p in signature.parameters.values()
+                    ],
+                    return_annotation=inspect.Signature.empty,
+                )
+            )
+    takes = ", ".join((*arguments, *(("context=...",) if context else ())))
+    return (
+        f"{_callable_name(function)}{shown} can't be called as {call}({takes}): {errors[0]}; "
+        f"it must accept ({takes}), and any other parameter needs a default"
+    )
 
 
 def _listed(option: str, given: Iterable[Any], problems: list[str]) -> tuple[Any, ...]:
@@ -307,6 +370,42 @@ def build(
         )
         if function is not None and is_async(function)
     ]
+    # Each as the turn calls it: a mistake in its parameters shows now, not at a first call.
+    # (The memory class given as the provider is reported above, with its fix.)
+    memory_class = isinstance(chat_memory_provider, type) and hasattr(
+        chat_memory_provider, "provider"
+    )
+    calls: list[tuple[str, object, str, tuple[str, ...], bool]] = [
+        (option, function, option, arguments, _takes_context(function) if context else False)
+        # The last: whether it is given context= when it declares it.
+        for option, function, arguments, context in (
+            (
+                "chat_memory_provider",
+                None if memory_class else chat_memory_provider,
+                ("memory_id",),
+                False,
+            ),
+            ("system_message_provider", system_message_provider, ("memory_id",), True),
+            ("tool_provider", tool_provider, ("memory_id", "user_message"), True),
+            ("tool_error_handler", tool_error_handler, ("error", "request"), False),
+            ("request_transformer", request_transformer, ("request", "memory_id"), False),
+            ("retriever", retriever, ("query", "memory_id"), False),
+            ("seed_memory", seed_memory, ("memory_id",), False),
+        )
+    ]
+    calls += [
+        (f"{kind}_guardrails[{i}]", guardrail, "guardrail", (argument,), False)
+        for kind, argument, given in (
+            ("input", "text", input_guardrails),
+            ("output", "message", output_guardrails),
+        )
+        for i, guardrail in enumerate(given)
+    ]
+    for option, function, call, arguments, context in calls:
+        if callable(function):
+            problem = _call_problem(function, call, arguments, context=context)
+            if problem is not None:
+                problems.append(f"{option}={problem}")
     if problems:
         raise InterfaceError(problems)
     plans = plan_interface(

@@ -283,6 +283,7 @@ def plan_method(
     memory_index: int | None = None
     memory_optional = False
     context_index: int | None = None
+    contexts: list[str] = []  # the Context parameters' names, which templates can't use
     user_name_index: int | None = None
     variables: list[tuple[str, int]] = []
     seen_aliases: dict[str, str] = {}
@@ -318,6 +319,7 @@ def plan_method(
         if is_memory or is_user_name:
             not_the_message.add(index)
         if any(is_marker(m, Context) for m in metadata):
+            contexts.append(param.name)
             if is_memory or is_user_name:
                 problems.append(
                     _problem(pwhere, "a Context parameter cannot also be a MemoryId or UserName")
@@ -399,41 +401,65 @@ def plan_method(
     system_source = default_system if own_system is None else own_system
     user_source = getattr(function, USER_ATTRIBUTE, None)
     before_templates = len(problems)
-    system_template = _template(system_source, "@system_message", where, known, problems)
-    user_template = _template(user_source, "@user_message", where, known, problems)
+    system_template = _template(
+        system_source, "@system_message", where, known, problems, contexts=contexts
+    )
+    user_template = _template(
+        user_source, "@user_message", where, known, problems, contexts=contexts
+    )
     # A misspelt placeholder leaves its parameter unused: reported once, as the misspelling.
     templates_ok = len(problems) == before_templates
 
-    user_message_index: int | None = None
-    if user_source is not None and templates_ok:
-        used = user_template.variables if user_template else frozenset()
-        if system_template is not None:
-            used |= system_template.variables
-        used_indexes = {index for variable, index in variables if variable in used}
-        for variable, index in variables:
-            if index in used_indexes or index in not_the_message:
-                continue
-            used_indexes.add(index)  # reported once, under its first name
-            single = f"{{{variable}}}"
-            hint = (
-                f"the template has `{single}`: a placeholder takes two braces, `{{{single}}}`"
-                if single in user_source or single in (system_source or "")
-                else f"use {{{{{variable}}}}} in @user_message or @system_message, pass it to "
-                "tools as Annotated[..., Context], or remove it"
-            )
+    used: frozenset[str] = frozenset()
+    for template in (system_template, user_template):
+        if template is not None:
+            used |= template.variables
+    used_indexes = {index for variable, index in variables if variable in used}
+    # A parameter no template uses, written `{name}` in one (as str.format has it): its
+    # braces would reach the model as they are. Reported as that, whatever else it is.
+    braced: dict[int, str] = {}
+    for variable, index in variables:
+        if index in used_indexes or index in braced:
+            continue
+        hint = _braces_hint(variable, user_source, system_source)
+        if hint is not None:
+            braced[index] = hint
             problems.append(
                 _problem(
                     f"{qualname}({names[index]})",
-                    f"no template uses this parameter, so its value would be lost: {hint}",
+                    "no template uses this parameter, "
+                    + (
+                        "so its value would be lost: "
+                        if user_source is not None and index not in not_the_message
+                        else "but "
+                    )
+                    + hint,
+                )
+            )
+
+    user_message_index: int | None = None
+    if user_source is not None and templates_ok:
+        reported = used_indexes | braced.keys() | not_the_message
+        for variable, index in variables:
+            if index in reported:
+                continue
+            reported.add(index)  # reported once, under its first name
+            problems.append(
+                _problem(
+                    f"{qualname}({names[index]})",
+                    "no template uses this parameter, so its value would be lost: use "
+                    f"{{{{{variable}}}}} in @user_message or @system_message, pass it to tools "
+                    "as Annotated[..., Context], or remove it",
                 )
             )
     elif user_source is None:
-        used = system_template.variables if system_template else frozenset()
-        used_indexes = {index for variable, index in variables if variable in used}
         candidates = [
             index
             for index in range(len(params))
-            if index not in used_indexes and index not in not_the_message and index != context_index
+            if index not in used_indexes
+            and index not in not_the_message
+            and index != context_index
+            and index not in braced
         ]
         if len(candidates) == 1:
             user_message_index = candidates[0]
@@ -508,7 +534,13 @@ def plan_method(
 
 
 def _template(
-    source: str | None, decorator: str, where: str, known: frozenset[str], problems: list[str]
+    source: str | None,
+    decorator: str,
+    where: str,
+    known: frozenset[str],
+    problems: list[str],
+    *,
+    contexts: list[str],
 ) -> Template | None:
     if source is None:
         return None
@@ -518,6 +550,17 @@ def _template(
         problems.append(_problem(where, f"{decorator}: {exc}"))
         return None
     unknown = template.unknown(known)
+    for name in [n for n in unknown if n in contexts]:
+        unknown.remove(name)
+        problems.append(
+            _problem(
+                where,
+                f"{decorator} uses {{{{{name}}}}}, which is the call's context "
+                "(Annotated[..., Context]): a template can't use the context, which goes to "
+                "tools and providers and never to the model; pass what the prompt needs as a "
+                "parameter of its own",
+            )
+        )
     if unknown:
         listed = ", ".join(f"{{{{{n}}}}}" for n in unknown)
         choices = ", ".join(sorted(known | BUILTIN_VARIABLES))
@@ -527,6 +570,14 @@ def _template(
             )
         )
     return template
+
+
+def _braces_hint(variable: str, *sources: str | None) -> str | None:
+    """The fix for ``{variable}`` written with one brace each side in a template, if it is."""
+    single = f"{{{variable}}}"
+    if any(single in source for source in sources if source):
+        return f"the template has `{single}`: a placeholder takes two braces, `{{{single}}}`"
+    return None
 
 
 def _bare_marker(annotation: object) -> str | None:

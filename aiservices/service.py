@@ -7,7 +7,6 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, overload
 
 from .memory import ChatMemory
-from .memory._base import ChatMemoryProvider
 from .messages import ChatMessage, UserMessage
 
 if TYPE_CHECKING:
@@ -17,8 +16,19 @@ if TYPE_CHECKING:
     from .models import ChatModel, ChatRequest, ChatRequestParameters
     from .observability import ConversationStats
 
-Retriever: TypeAlias = "Callable[[str, Hashable], Sequence[str] | Awaitable[Sequence[str]]]"
-"""Finds texts for a call: ``(query, memory_id) -> Sequence[str]``, or ``async def``."""
+# The memory id's parameter is `Any` in the options below: the ids are the user's own type
+# (`str`, `int`, a UUID), and `Hashable` there would refuse `def provider(memory_id: str)`.
+
+Retriever: TypeAlias = "Callable[[str, Any], Iterable[str] | Awaitable[Iterable[str]]]"
+"""Finds texts for a call: ``(query, memory_id) -> list[str]`` (a generator too), or
+``async def``."""
+
+ToolProvider: TypeAlias = Callable[[Any, UserMessage], Iterable[object] | None]
+"""Gives a call its extra tools: ``(memory_id, user_message) -> tools``, ``None`` for none."""
+
+SeedMemory: TypeAlias = "Callable[[Any], Iterable[ChatMessage] | Awaitable[Iterable[ChatMessage]]]"
+"""Gives a new conversation its first messages: ``memory_id -> list[ChatMessage]``, or
+``async def``."""
 
 __all__ = ["ChatMemoryAccess", "ai_service"]
 
@@ -66,11 +76,11 @@ def ai_service(
     *,
     model: ChatModel | str,
     chat_memory: ChatMemory | None = None,
-    chat_memory_provider: ChatMemoryProvider | None = None,
+    chat_memory_provider: Callable[[Any], ChatMemory] | None = None,
     tools: Iterable[object] = (),
-    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None = None,
+    tool_provider: ToolProvider | None = None,
     tool_error_handler: Callable[..., str] | None = None,
-    system_message_provider: Callable[[Hashable], str | None] | None = None,
+    system_message_provider: Callable[[Any], str | None] | None = None,
     max_tool_invocations: int = 100,
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
@@ -78,9 +88,9 @@ def ai_service(
     listeners: Sequence[object] = (),
     input_guardrails: Sequence[InputGuardrail] = (),
     output_guardrails: Sequence[OutputGuardrail] = (),
-    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    request_transformer: Callable[[ChatRequest, Any], ChatRequest] | None = None,
     retriever: Retriever | None = None,
-    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
+    seed_memory: SeedMemory | None = None,
 ) -> T: ...
 
 
@@ -89,11 +99,11 @@ def ai_service(
     *,
     model: ChatModel | str,
     chat_memory: ChatMemory | None = None,
-    chat_memory_provider: ChatMemoryProvider | None = None,
+    chat_memory_provider: Callable[[Any], ChatMemory] | None = None,
     tools: Iterable[object] = (),
-    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None = None,
+    tool_provider: ToolProvider | None = None,
     tool_error_handler: Callable[..., str] | None = None,
-    system_message_provider: Callable[[Hashable], str | None] | None = None,
+    system_message_provider: Callable[[Any], str | None] | None = None,
     max_tool_invocations: int = 100,
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
@@ -101,9 +111,9 @@ def ai_service(
     listeners: Sequence[object] = (),
     input_guardrails: Sequence[InputGuardrail] = (),
     output_guardrails: Sequence[OutputGuardrail] = (),
-    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    request_transformer: Callable[[ChatRequest, Any], ChatRequest] | None = None,
     retriever: Retriever | None = None,
-    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
+    seed_memory: SeedMemory | None = None,
 ) -> Callable[[Callable[..., T]], T]: ...
 
 
@@ -113,11 +123,11 @@ def ai_service(
     *,
     model: ChatModel | str,
     chat_memory: ChatMemory | None = None,
-    chat_memory_provider: ChatMemoryProvider | None = None,
+    chat_memory_provider: Callable[[Any], ChatMemory] | None = None,
     tools: Iterable[object] = (),
-    tool_provider: Callable[[Hashable, UserMessage], Iterable[object]] | None = None,
+    tool_provider: ToolProvider | None = None,
     tool_error_handler: Callable[..., str] | None = None,
-    system_message_provider: Callable[[Hashable], str | None] | None = None,
+    system_message_provider: Callable[[Any], str | None] | None = None,
     max_tool_invocations: int = 100,
     max_output_retries: int = 1,
     parameters: ChatRequestParameters | None = None,
@@ -125,9 +135,9 @@ def ai_service(
     listeners: Sequence[object] = (),
     input_guardrails: Sequence[InputGuardrail] = (),
     output_guardrails: Sequence[OutputGuardrail] = (),
-    request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None,
+    request_transformer: Callable[[ChatRequest, Any], ChatRequest] | None = None,
     retriever: Retriever | None = None,
-    seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None,
+    seed_memory: SeedMemory | None = None,
 ) -> T | Callable[[Callable[..., T]], T]:
     """Build an object implementing every method of ``interface`` (a ``typing.Protocol``).
 

@@ -159,11 +159,20 @@ def test_context_misuse_fails_the_build() -> None:
         ai_service(TwoContexts, model=ScriptedChatModel("x"))
 
     class InTemplate(Protocol):
-        @system_message("You help {{user}}.")
+        @system_message("You help {{user}} with {{topic}}.")
         def chat(self, text: str, user: Annotated[User, Context]) -> str: ...
 
-    with pytest.raises(InterfaceError, match=r"uses \{\{user\}\}, which is not a parameter"):
+    with pytest.raises(InterfaceError) as info:
         ai_service(InTemplate, model=ScriptedChatModel("x"))
+    # The context is named as what it is, apart from the name that is no parameter at all.
+    assert info.value.problems == [
+        "InTemplate.chat(): @system_message uses {{user}}, which is the call's context "
+        "(Annotated[..., Context]): a template can't use the context, which goes to tools "
+        "and providers and never to the model; pass what the prompt needs as a parameter of "
+        "its own",
+        "InTemplate.chat(): @system_message uses {{topic}}, which is not a parameter; known: "
+        "current_date, current_date_time, current_time, it, text",
+    ]
 
     @tool
     def two(a: Annotated[User, Context], b: Annotated[User, Context]) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
+from collections.abc import Callable
 from datetime import date
-from typing import Annotated, Literal, LiteralString, NewType, Protocol
+from typing import Annotated, Any, Literal, LiteralString, NewType, Protocol
 
 import pytest
 from pydantic import BaseModel
@@ -17,6 +19,7 @@ from aiservices import (
     UserName,
     V,
     ai_service,
+    guardrails,
     system_message,
     user_message,
 )
@@ -247,6 +250,179 @@ def test_an_async_seed_memory_fails_the_build_on_a_sync_method_only() -> None:
     build(AsyncChat, chat_memory_provider=provider, seed_memory=seed)  # awaited there
 
 
+class Ask(Protocol):
+    def ask(self, question: str) -> str: ...
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (
+            {"retriever": lambda query: []},
+            "retriever=<lambda>(query) can't be called as retriever(query, memory_id): too "
+            "many positional arguments; it must accept (query, memory_id), and any other "
+            "parameter needs a default",
+        ),
+        (
+            {"system_message_provider": lambda: "Be brief."},
+            "system_message_provider=<lambda>() can't be called as "
+            "system_message_provider(memory_id): too many positional arguments",
+        ),
+        (
+            {"system_message_provider": lambda context, memory_id=None: "Be brief."},
+            "system_message_provider=<lambda>(context, memory_id=None) can't be called as "
+            "system_message_provider(memory_id, context=...): multiple values for argument "
+            "'context'; it must accept (memory_id, context=...)",
+        ),
+        (
+            {"tool_provider": lambda memory_id: []},
+            "tool_provider=<lambda>(memory_id) can't be called as "
+            "tool_provider(memory_id, user_message): too many positional arguments",
+        ),
+        (
+            {"tool_provider": lambda memory_id, message, *, tenant: []},
+            "tool_provider=<lambda>(memory_id, message, *, tenant) can't be called as "
+            "tool_provider(memory_id, user_message): missing a required argument: 'tenant'",
+        ),
+        (
+            {"request_transformer": lambda request: request},
+            "request_transformer=<lambda>(request) can't be called as "
+            "request_transformer(request, memory_id): too many positional arguments",
+        ),
+        (
+            {"tool_error_handler": lambda error: "failed"},
+            "tool_error_handler=<lambda>(error) can't be called as "
+            "tool_error_handler(error, request): too many positional arguments",
+        ),
+        (
+            {"seed_memory": lambda: []},
+            "seed_memory=<lambda>() can't be called as seed_memory(memory_id): too many "
+            "positional arguments",
+        ),
+        (
+            {"chat_memory_provider": lambda: None},
+            "chat_memory_provider=<lambda>() can't be called as "
+            "chat_memory_provider(memory_id): too many positional arguments",
+        ),
+        (
+            {"input_guardrails": [str.strip, lambda: None]},
+            "input_guardrails[1]=<lambda>() can't be called as guardrail(text): too many "
+            "positional arguments; it must accept (text)",
+        ),
+        (
+            {"output_guardrails": [lambda message, extra: None]},
+            "output_guardrails[0]=<lambda>(message, extra) can't be called as "
+            "guardrail(message): missing a required argument: 'extra'",
+        ),
+    ],
+    ids=[
+        "retriever",
+        "system_message_provider",
+        "system_message_provider-context",
+        "tool_provider",
+        "tool_provider-keyword",
+        "request_transformer",
+        "tool_error_handler",
+        "seed_memory",
+        "chat_memory_provider",
+        "input_guardrails",
+        "output_guardrails",
+    ],
+)
+def test_an_option_that_cannot_take_the_arguments_it_is_called_with_fails_the_build(
+    options: dict[str, object], expected: str
+) -> None:
+    [problem] = problems(Ask, **options)
+    assert problem.startswith(expected), problem
+
+
+def test_every_option_that_cannot_take_its_call_is_reported_at_once() -> None:
+    class Searcher:
+        def __call__(self, query: str) -> list[str]:
+            return []
+
+    def three(a: str, b: str, c: str) -> list[str]:
+        return []
+
+    found = problems(
+        Ask,
+        retriever=Searcher(),
+        system_message_provider=functools.partial(three, "a"),
+        request_transformer=MessageWindowChatMemory(5).add,  # (*messages): takes any call
+    )
+    assert found == [
+        "system_message_provider=partial(test_every_option_that_cannot_take_its_call_is_"
+        "reported_at_once.<locals>.three, ...)(b, c) can't be called as "
+        "system_message_provider(memory_id): missing a required argument: 'c'; it must "
+        "accept (memory_id), and any other parameter needs a default",
+        "retriever=test_every_option_that_cannot_take_its_call_is_reported_at_once.<locals>."
+        "Searcher.__call__(query) can't be called as retriever(query, memory_id): too many "
+        "positional arguments; it must accept (query, memory_id), and any other parameter "
+        "needs a default",
+    ]
+
+
+def test_options_that_can_take_their_call_build_and_run() -> None:
+    class Searcher:
+        def __call__(self, query: str, memory_id: object, limit: int = 3) -> list[str]:
+            return [f"found {query}"][:limit]
+
+        def search(self, query: str, memory_id: object) -> list[str]:
+            return [f"found {query}"]
+
+    def limited(function: Callable[..., Any]) -> Callable[..., Any]:
+        # Shows the signature of what it wraps, and is called with one argument less.
+        @functools.wraps(function)
+        def wrapper(*args: Any) -> Any:
+            return function(*args, 1)
+
+        return wrapper
+
+    def system(tone: str, memory_id: object, context: object = None) -> str:
+        return f"Be {tone}."
+
+    def tools(*args: object) -> list[object]:
+        return []
+
+    for retriever in (Searcher(), Searcher().search, limited(lambda query, _, n: [query])):
+        model = ScriptedChatModel(default="ok")
+        service: Any = build(
+            Ask,
+            model=model,
+            retriever=retriever,
+            system_message_provider=functools.partial(system, "brief"),
+            tool_provider=tools,
+            input_guardrails=[str.strip],  # a builtin's signature may not be known: not checked
+            output_guardrails=[lambda message, *rest: None],
+        )
+        assert service.ask(" Where is it? ") == "ok"
+        assert model.last_system_text == "Be brief."
+
+
+def test_a_methods_guardrail_that_cannot_take_its_call_fails_the_build() -> None:
+    def check(text: str, strict: bool) -> None:
+        return None
+
+    @guardrails(output=[lambda: None])
+    class Bot(Protocol):
+        @guardrails(input=[check])
+        def ask(self, question: str) -> str: ...
+
+        def other(self, question: str) -> str: ...
+
+    found = problems(Bot)
+    # The class's guardrail is every method's, and reported once.
+    assert len(found) == 2, found
+    assert found[0].startswith(
+        "Bot.ask(): the input guardrail "
+        "test_a_methods_guardrail_that_cannot_take_its_call_fails_the_build.<locals>.check"
+        "(text, strict) can't be called as guardrail(text): missing a required argument: "
+        "'strict'"
+    )
+    assert "output guardrail" in found[1]
+    assert "<lambda>() can't be called as guardrail(message)" in found[1]
+
+
 class Planner(Protocol):
     @user_message("When is {{event}}?")
     def when(self, event: str) -> date: ...  # a string annotation, resolved at build
@@ -332,6 +508,43 @@ def test_a_parameter_no_template_uses_fails_the_build() -> None:
     assert "use {{text}} in @user_message" in found[0]
     assert found[1].startswith("Bot.translate(text):")
     assert "the template has `{text}`: a placeholder takes two braces, `{{text}}`" in found[1]
+
+
+def test_single_braces_around_a_parameter_no_template_uses_fail_the_build() -> None:
+    class Bot(Protocol):
+        @system_message("You are a support agent for {product}.")
+        def support(self, message: str, product: str) -> str: ...
+
+        @system_message("You help {user}.")
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+        @user_message("{speaker} says: {{text}}")
+        def relay(self, speaker: Annotated[str, UserName], text: str) -> str: ...
+
+    found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    # The single braces are the mistake: not an ambiguous user message, nor text sent as is.
+    assert found == [
+        "Bot.support(product): no template uses this parameter, but the template has "
+        "`{product}`: a placeholder takes two braces, `{{product}}`",
+        "Bot.chat(user): no template uses this parameter, but the template has `{user}`: a "
+        "placeholder takes two braces, `{{user}}`",
+        "Bot.relay(speaker): no template uses this parameter, but the template has "
+        "`{speaker}`: a placeholder takes two braces, `{{speaker}}`",
+    ]
+
+
+def test_single_braces_around_other_names_are_text() -> None:
+    class Bot(Protocol):
+        # A JSON example, a name that is no parameter, and a parameter a placeholder uses.
+        @system_message('Answer as {"verdict": "..."}; fill {slot} for {{user}}, not {user}.')
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel("ok")
+    service: Any = build(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
+    service.chat("ann", "hi")
+    assert model.last_system_text == (
+        'Answer as {"verdict": "..."}; fill {slot} for ann, not {user}.'
+    )
 
 
 def test_a_class_given_for_an_instance_fails_the_build() -> None:
@@ -499,10 +712,6 @@ def test_return_types_no_answer_could_be_fail_the_build() -> None:
 
 
 def test_a_declared_method_stays_the_models_when_decorated_or_raising_with_details() -> None:
-    import functools
-    from collections.abc import Callable
-    from typing import Any
-
     def logged(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -15,15 +15,19 @@ from aiservices import (
     AiMessage,
     ChatMemory,
     ChatMemoryAccess,
+    ChatMessage,
+    ChatRequest,
     EventStream,
     GuardrailError,
     MemoryId,
     MessageWindowChatMemory,
     Result,
     StreamEvent,
+    SystemMessage,
     TextDelta,
     TextStream,
     TurnCompleted,
+    UserMessage,
     ai_service,
     guardrails,
     system_message,
@@ -143,6 +147,83 @@ assert_type(ai_service(Plain, model=echo), Plain)
 
 memory_id: Hashable = "alice"
 bot.evict_chat_memory(memory_id)
+
+
+# The options take what runs: functions typed for the interface's own memory ids, a tool
+# provider that returns None for no tools, a retriever written as a generator.
+def memory_for(user: str) -> ChatMemory:
+    return MessageWindowChatMemory(20, id=user)
+
+
+def system_for(user: str) -> str | None:
+    return f"You talk to {user}."
+
+
+def tools_for(user: str, message: UserMessage) -> list[object] | None:
+    return [add] if message.text and "sum" in message.text else None
+
+
+def search(query: str, user: str) -> Iterator[str]:
+    yield f"about {query}"
+
+
+async def asearch(query: str, user: str) -> list[str]:
+    return [f"about {query}"]
+
+
+def dated(request: ChatRequest, user: str) -> ChatRequest:
+    return request
+
+
+def seed(user: str) -> list[SystemMessage]:
+    return [SystemMessage(f"You talk to {user}.")]
+
+
+async def aseed(user: str) -> list[ChatMessage]:
+    return []
+
+
+assert_type(
+    ai_service(
+        Assistant,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=memory_for,
+        tool_provider=tools_for,
+        retriever=search,
+        request_transformer=dated,
+        seed_memory=seed,
+    ),
+    Assistant,
+)
+assert_type(
+    ai_service(
+        Plain,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=memory_for,
+        system_message_provider=system_for,
+        retriever=asearch,
+        seed_memory=aseed,
+    ),
+    Plain,
+)
+
+
+def search_by_query(query: str) -> list[str]:
+    return [query]
+
+
+def numbers(query: str, user: str) -> list[int]:
+    return [1]
+
+
+def no_text(user: str) -> int:
+    return 1
+
+
+ai_service(Plain, model=echo, retriever=search_by_query)  # type: ignore[arg-type]
+ai_service(Plain, model=echo, retriever=numbers)  # type: ignore[arg-type]
+ai_service(Plain, model=echo, system_message_provider=no_text)  # type: ignore[arg-type]
+ai_service(Plain, model=echo, tool_provider=memory_for)  # type: ignore[arg-type]
 
 bot.chat("alice", "Hi")  # type: ignore[call-arg]
 bot.chat("alice", 42, product="Acme")  # type: ignore[arg-type]
