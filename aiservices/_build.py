@@ -298,10 +298,16 @@ def build(
 ) -> T:
     chat_model, model_spec = _check_model(model)
     problems: list[str] = []
-    if max_tool_invocations < 0:
-        problems.append(f"max_tool_invocations={max_tool_invocations}: must be 0 or more")
-    if max_output_retries < 0:
-        problems.append(f"max_output_retries={max_output_retries}: must be 0 or more")
+    for name, count in (
+        ("max_tool_invocations", max_tool_invocations),
+        ("max_output_retries", max_output_retries),
+    ):
+        if type(count) is not int:  # (a bool is not a count either)
+            problems.append(
+                f"{name}={count!r}: must be a whole number (an int), 0 or more; 0 allows none"
+            )
+        elif count < 0:
+            problems.append(f"{name}={count}: must be 0 or more")
     if (
         not isinstance(chat_memory_cache_size, int)
         or isinstance(chat_memory_cache_size, bool)

@@ -480,6 +480,20 @@ def test_a_cache_size_that_is_not_a_positive_int_fails_the_build(size: object) -
     assert found == [f"chat_memory_cache_size={size!r}: must be an int, 1 or more"]
 
 
+@pytest.mark.parametrize("option", ["max_tool_invocations", "max_output_retries"])
+@pytest.mark.parametrize("count", [1.5, 2.0, True, None, "3"])
+def test_a_retry_or_tool_limit_that_is_not_an_int_fails_the_build(
+    option: str, count: object
+) -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+    found = problems(Bot, **{option: count})
+    assert found == [
+        f"{option}={count!r}: must be a whole number (an int), 0 or more; 0 allows none"
+    ]
+
+
 def test_a_marker_used_as_the_type_itself_fails_the_build() -> None:
     class Bot(Protocol):
         @user_message("{{message}}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from ..messages import ChatMessage
 
@@ -38,7 +38,9 @@ class ChatMemory(Protocol):
         ...
 
 
-ChatMemoryProvider: TypeAlias = Callable[[Hashable], ChatMemory]
+# The memory id is Any: a provider annotated with the ids it is given (`memory_id: str`)
+# is one too.
+ChatMemoryProvider: TypeAlias = Callable[[Any], ChatMemory]
 """Gives each memory id its own memory."""
 
 

@@ -15,6 +15,7 @@ from aiservices import (
     AiMessage,
     ChatMemory,
     ChatMemoryAccess,
+    ChatMemoryProvider,
     ChatMessage,
     ChatRequest,
     EventStream,
@@ -206,6 +207,9 @@ assert_type(
     ),
     Plain,
 )
+
+
+provider_alias: ChatMemoryProvider = memory_for  # a provider typed by the ids it is given
 
 
 def search_by_query(query: str) -> list[str]:
