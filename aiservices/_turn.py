@@ -124,6 +124,13 @@ class ServiceState:
     seed_memory: Callable[[Hashable], Sequence[ChatMessage]] | None = None
     request_transformer: Callable[[ChatRequest, Hashable], ChatRequest] | None = None
     model_lock: threading.Lock = field(default_factory=threading.Lock)
+    # The cache key of the service's own memory's id (chat_memory=): that id's conversation
+    # is that memory for every method, so that one id is one conversation.
+    single_key: str | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.single is not None:
+            self.single_key = key_of(self.single.memory.id)
 
     def chat_model(self) -> ChatModel:
         """The model, resolved from its ``"provider:name"`` spec at first use."""
@@ -143,22 +150,22 @@ class ServiceState:
     def conversation_of(self, memory_id: Hashable) -> tuple[Conversation, str | None]:
         """The conversation kept for ``memory_id`` (made on a miss) and its cache key."""
         conversations = self.conversations
-        if conversations.has_provider:
-            key = key_of(memory_id)
-            return conversations.get(memory_id, key), key
-        return self._single(memory_id), None
+        key = key_of(memory_id)
+        if key == self.single_key or not conversations.has_provider:
+            return self._single(memory_id, key), None
+        return conversations.get(memory_id, key), key
 
     async def aconversation_of(self, memory_id: Hashable) -> tuple[Conversation, str | None]:
         """`conversation_of` without blocking the event loop on a provider."""
         conversations = self.conversations
-        if conversations.has_provider:
-            key = key_of(memory_id)
-            return await conversations.aget(memory_id, key), key
-        return self._single(memory_id), None
+        key = key_of(memory_id)
+        if key == self.single_key or not conversations.has_provider:
+            return self._single(memory_id, key), None
+        return await conversations.aget(memory_id, key), key
 
-    def _single(self, memory_id: Hashable) -> Conversation:
+    def _single(self, memory_id: Hashable, key: str) -> Conversation:
         single = self.single
-        if single is None or key_of(memory_id) != key_of(single.memory.id):
+        if single is None or key != self.single_key:
             raise LookupError(
                 f"this service has no chat_memory_provider, so no memory for {memory_id!r}"
             )
@@ -259,6 +266,8 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
                 f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"
             ) from None
         conversation = state.conversations.cached(key)
+        if conversation is None and key == state.single_key:
+            conversation = state.single
     elif state.single is not None:
         conversation = state.single
         memory_id = conversation.memory.id

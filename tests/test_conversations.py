@@ -476,3 +476,33 @@ def test_forgetting_an_id_whose_limit_now_fails_erases_its_window_and_history(
     bot.forget("alice")
     assert store.get_messages("alice") == []
     assert list(store.get_history("alice")) == []
+
+
+def test_the_services_own_memory_is_its_ids_conversation_for_every_method() -> None:
+    # With chat_memory= beside a provider, the id of the service's own memory ("default")
+    # is one conversation: the methods without a MemoryId, a method given that id, and
+    # get_chat_memory / forget all reach the same memory.
+    class Bot(ChatMemoryAccess, Protocol):
+        def ask(self, text: str) -> str: ...
+
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    own = MessageWindowChatMemory(20)
+    made: list[object] = []
+
+    def provider(memory_id: Hashable) -> MessageWindowChatMemory:
+        made.append(memory_id)
+        return MessageWindowChatMemory(20, id=memory_id)
+
+    bot = ai_service(
+        Bot, model=ScriptedChatModel(default="ok"), chat_memory=own, chat_memory_provider=provider
+    )
+    bot.ask("remember me")
+    bot.chat("default", "and me")
+    bot.chat("alice", "hi")
+    assert [m.text for m in own.messages()] == ["remember me", "ok", "and me", "ok"]
+    assert bot.get_chat_memory("default") is own
+    assert made == ["alice"]
+    bot.forget("default")
+    assert own.messages() == []
+    assert [m.text for m in bot.get_chat_memory("alice").messages()] == ["hi", "ok"]
