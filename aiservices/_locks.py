@@ -87,12 +87,13 @@ class TurnLock:
         try:
             if _inside(self):
                 raise Reentered(_REENTERED)
-            if self._loop is not None and _runs_here(self._loop):
+            if self._blocks_a_task_here():
                 raise RuntimeError(
                     "a blocking call waits for a conversation that a task of the event loop "
-                    "running in this thread holds: that task could never go on. From async "
-                    "code, await the async method (and leave a memory_scope with `async "
-                    "with`), or run the blocking call in a worker thread (asyncio.to_thread)"
+                    "running in this thread holds or waits for: that task could never go on. "
+                    "From async code, await the async method (and leave a memory_scope with "
+                    "`async with`), or run the blocking call in a worker thread "
+                    "(asyncio.to_thread)"
                 )
             event = threading.Event()
             self._queue().append(event)
@@ -106,6 +107,14 @@ class TurnLock:
             if not self._withdraw(event):
                 self.release()
             raise
+
+    def _blocks_a_task_here(self) -> bool:
+        """Whether a task of the event loop running in this thread holds the lock or is
+        queued for it: waiting here would stop the loop it needs. Called with the mutex held."""
+        loops = [w[1] for w in self._waiters or () if type(w) is tuple]
+        if self._loop is not None:
+            loops.append(self._loop)
+        return bool(loops) and any(map(_runs_here, loops))
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free and nobody waits for it; never blocks."""

@@ -211,6 +211,32 @@ def test_a_lock_handed_to_an_interrupted_waiter_is_passed_on(
     assert not lock.locked, "the lock handed over to the interrupted waiter stayed held"
 
 
+async def test_a_blocking_wait_behind_a_queued_task_of_this_loop_is_refused() -> None:
+    # The task is next: it would get the lock while this thread, its loop's, waits for it.
+    lock = TurnLock()
+    holder_in = threading.Event()
+    holder_out = threading.Event()
+
+    def holder() -> None:
+        lock.acquire()
+        holder_in.set()
+        holder_out.wait(5)
+        lock.release()
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    assert holder_in.wait(5)
+    queued = asyncio.ensure_future(lock.aacquire())
+    await asyncio.sleep(0.01)  # the task now waits in the queue
+    with pytest.raises(RuntimeError, match="holds or waits for"):
+        lock.acquire()
+    holder_out.set()
+    await asyncio.wait_for(queued, 5)  # the task goes on once the thread releases
+    lock.release()
+    thread.join(5)
+    assert not lock.locked
+
+
 async def test_a_blocking_wait_on_the_loop_of_the_task_holding_the_lock_is_refused() -> None:
     # The task could never go on while its loop's thread waits: a deadlock, said instead.
     lock = TurnLock()
