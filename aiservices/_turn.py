@@ -261,6 +261,8 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
         try:
             key = key_of(memory_id)
         except TypeError:
+            if _hashable(memory_id):
+                raise  # an id with no text of its own: the error says so
             raise TypeError(
                 f"{plan.qualname}({plan.parameters[index]}): the memory id {memory_id!r} is "
                 f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"
@@ -316,6 +318,14 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
             f"str (or None), not {type(name).__name__}; pass str({name!r:.40}) for a numeric id"
         )
     return Call(plan, memory_id, key, conversation, system, text, name, context, scope)
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def turn(state: ServiceState, call: Call) -> Turn:

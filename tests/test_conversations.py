@@ -506,3 +506,18 @@ def test_the_services_own_memory_is_its_ids_conversation_for_every_method() -> N
     bot.forget("default")
     assert own.messages() == []
     assert [m.text for m in bot.get_chat_memory("alice").messages()] == ["hi", "ok"]
+
+
+def test_a_memory_id_whose_text_is_its_address_is_refused_before_the_model() -> None:
+    class Session:  # no __repr__: its text would be its address
+        def __init__(self, user: str) -> None:
+            self.user = user
+
+    class Bot(Protocol):
+        def chat(self, session: Annotated[Any, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel(default="ok")
+    bot = ai_service(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
+    with pytest.raises(TypeError, match="Session has neither __str__ nor __repr__"):
+        bot.chat(Session("alice"), "hi")
+    assert model.requests == []

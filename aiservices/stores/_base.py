@@ -64,8 +64,26 @@ def store_key(memory_id: Hashable) -> str:
     if type(memory_id) is str:
         return _TYPED + memory_id if memory_id.startswith(_TYPED) else memory_id
     kind = type(memory_id)
-    text = _ordered(memory_id) if kind is frozenset or kind is tuple else memory_id
+    if kind is frozenset or kind is tuple:
+        text: object = _ordered(memory_id)
+    else:
+        _check_text(memory_id)
+        text = memory_id
     return f"{_TYPED}{kind.__name__}:{text}"
+
+
+def _check_text(value: object) -> None:
+    """Raise ``TypeError`` if ``value``'s text is its address: ``object``'s own repr."""
+    kind = type(value)
+    if kind.__repr__ is object.__repr__ and kind.__str__ is object.__str__:
+        name = kind.__name__
+        raise TypeError(
+            f"a memory id is filed under its text, and {name} has neither __str__ nor "
+            f"__repr__: its text is its address in memory, which another {name} may have "
+            "later (it would continue this conversation) and an equal one never has. Pass "
+            f"an id with a text of its own (a str, an int, a UUID), or give {name} a "
+            "__repr__ made of its fields (a dataclass has one)"
+        )
 
 
 def _ordered(value: object) -> str:
@@ -83,7 +101,10 @@ def _ordered(value: object) -> str:
 
 
 def _ordered_repr(value: object) -> str:
-    return _ordered(value) if type(value) is frozenset or type(value) is tuple else repr(value)
+    if type(value) is frozenset or type(value) is tuple:
+        return _ordered(value)
+    _check_text(value)
+    return repr(value)
 
 
 def memory_id_of(key: str) -> Hashable:

@@ -372,6 +372,31 @@ def test_equal_frozenset_ids_file_under_one_key_in_every_process() -> None:
     assert store_key(("tuple", 1)) == "\x1ftuple:('tuple', 1)"  # tuples file as before
 
 
+class _Session:
+    """An id whose text is its address: object's own repr."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+
+class _NamedSession(_Session):
+    def __repr__(self) -> str:
+        return f"_NamedSession({self.user!r})"
+
+
+def test_an_id_whose_text_is_its_address_is_refused(store: Any) -> None:
+    # Filed under "<_Session object at 0x...>", another object at that address later would
+    # continue the conversation, and an equal one never finds it.
+    for memory_id in (_Session("alice"), ("team", _Session("bob"))):
+        with pytest.raises(TypeError, match="_Session has neither __str__ nor __repr__"):
+            store.get_messages(memory_id)
+        with pytest.raises(TypeError, match="its text is its address"):
+            store.apply_changes(memory_id, appended=[user("hi")], removed=[])
+    named = _NamedSession("carol")
+    store.apply_changes(named, appended=[user("hi")], removed=[])
+    assert [m.text for m in store.get_messages(_NamedSession("carol"))] == ["hi"]
+
+
 def test_memory_ids_are_isolated(store: Any) -> None:
     assert len({store_key(i) for i in MEMORY_IDS}) == len(MEMORY_IDS)
     for n, memory_id in enumerate(MEMORY_IDS):
