@@ -260,9 +260,9 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
             args = (*args[:index], memory_id, *args[index + 1 :])
         try:
             key = key_of(memory_id)
-        except TypeError:
-            if _hashable(memory_id):
-                raise  # an id with no text of its own: the error says so
+        except TypeError as error:
+            if _hashable(memory_id):  # an id with no text of its own: the error says so
+                raise TypeError(f"{plan.qualname}({plan.parameters[index]}): {error}") from None
             raise TypeError(
                 f"{plan.qualname}({plan.parameters[index]}): the memory id {memory_id!r} is "
                 f"unhashable ({type(memory_id).__name__}); pass a str, int or UUID"

@@ -518,6 +518,6 @@ def test_a_memory_id_whose_text_is_its_address_is_refused_before_the_model() -> 
 
     model = ScriptedChatModel(default="ok")
     bot = ai_service(Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider())
-    with pytest.raises(TypeError, match="Session has neither __str__ nor __repr__"):
+    with pytest.raises(TypeError, match=r"Bot.chat\(session\): a memory id is filed under"):
         bot.chat(Session("alice"), "hi")
     assert model.requests == []
