@@ -246,7 +246,9 @@ class SqliteChatMemoryStore:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
         path = self._file
         self._check_file()
-        if not os.access(path, os.R_OK | os.W_OK) and os.path.isfile(path):
+        # Whether it is there first: a file another process creates between the two checks
+        # would otherwise look unreadable.
+        if os.path.isfile(path) and not os.access(path, os.R_OK | os.W_OK):
             # SQLite would open it read-only, and fail only at the first write.
             raise _open_error(path, None)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
+import os
 import sqlite3
 import threading
 import time
@@ -560,6 +561,26 @@ def _open_new_file(path: str, start: Any, results: Any) -> None:
         results.put("ok")
     except Exception as exc:
         results.put(repr(exc))
+
+
+def test_a_file_another_process_creates_as_it_is_opened_is_not_taken_for_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file appears between the store's look at it and its check of the permissions, as
+    # when another process opens the same new file at that moment.
+    path = tmp_path / "new.db"
+    access = os.access
+
+    def racing_access(target: Any, mode: int) -> bool:
+        allowed = access(target, mode)
+        if os.fspath(target) == str(path) and not path.exists():
+            sqlite3.connect(path).close()  # the other process
+        return allowed
+
+    monkeypatch.setattr(os, "access", racing_access)
+    with SqliteChatMemoryStore(path) as store:
+        store.update_messages("c", [user("a")])
+        assert texts(store.get_messages("c")) == ["a"]
 
 
 def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
