@@ -6,8 +6,9 @@ import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
+from .._threads import in_thread
 from ..errors import AiServiceError
 from ..messages import (
     ChatMessage,
@@ -34,6 +35,7 @@ __all__ = [
     "parse_messages",
     "plan_update",
     "purge_interval",
+    "thread_call",
     "window_since",
     "with_message_ids",
 ]
@@ -63,6 +65,20 @@ class ChatHistoryStore(ChatMemoryStore, Protocol):
     def forget(self, memory_id: Hashable) -> None:
         """Erase the conversation's window and history."""
         ...
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def thread_call(function: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``function(*args, **kwargs)`` in a worker thread, for a store's async methods.
+
+    A caller cancelled meanwhile gets its ``CancelledError`` only once the function has
+    ended: a thread can't be stopped, and a memory that heard of the cancellation at once
+    would let the next turn run while this write still lands.
+    """
+    return cast("_T", await in_thread(function, *args, **kwargs))
 
 
 def check_retention(retention: object) -> timedelta | None:

@@ -99,6 +99,7 @@ from ._common import (
     duplicate_id_error,
     plan_update,
     purge_interval,
+    thread_call,
     window_since,
     with_message_ids,
 )
@@ -194,9 +195,10 @@ class PostgresChatMemoryStore:
     or a ``psycopg.Connection``. From a DSN the store makes a pool of up to
     ``max_connections`` connections, opened on first use, and in each event loop that calls
     its async methods an ``AsyncConnectionPool``. Given a pool or connection, async calls use
-    ``async_pool`` if given, else run the sync methods in a worker thread. A connection
-    passed in is used by one call at a time, as is: with autocommit off, writes join any
-    transaction open on it. What the store made, `close` (or `aclose`) closes.
+    ``async_pool`` if given, else run the sync methods in a worker thread (a caller cancelled
+    meanwhile is told so once the call has ended). A connection passed in is used by one
+    call at a time, as is: with autocommit off, writes join any transaction open on it. What
+    the store made, `close` (or `aclose`) closes.
 
     Waits are bounded. ``timeout`` is how many seconds a call may take, waiting for a
     connection and then for the server's answers, before it raises
@@ -748,7 +750,7 @@ class PostgresChatMemoryStore:
     ) -> Any:
         pool = self._apool()
         if pool is None:
-            return await asyncio.to_thread(
+            return await thread_call(
                 self._run, op, transaction=transaction, write=write, check_schema=check_schema
             )
         if check_schema and not self._schema_ready:

@@ -29,7 +29,6 @@ effect afterwards.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import bisect
 import copy
@@ -69,6 +68,7 @@ from ._common import (
     check_unique_ids,
     duplicate_id_error,
     plan_update,
+    thread_call,
     window_since,
     with_message_ids,
 )
@@ -335,9 +335,9 @@ class RedisChatMemoryStore:
     or a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client. From a URL the store
     makes a client for its sync methods and, in each event loop that calls its async methods,
     a ``redis.asyncio`` client (a cluster client for a cluster URL). Given a client, async
-    calls use ``async_client`` if given, else run the sync methods in a worker thread.
-    Clients made from a URL are closed by `close` (or `aclose`); clients passed
-    in are left open.
+    calls use ``async_client`` if given, else run the sync methods in a worker thread (a
+    caller cancelled meanwhile is told so once the call has ended). Clients made from a URL
+    are closed by `close` (or `aclose`); clients passed in are left open.
 
     ``key_prefix`` starts every key the store writes. ``ttl`` (seconds or a ``timedelta``)
     makes a conversation expire that long after its last write, history included. With
@@ -588,7 +588,7 @@ class RedisChatMemoryStore:
         """`get_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_messages, memory_id)
+            return await thread_call(self.get_messages, memory_id)
         w = self.keys(memory_id)[0]
         return self._parse(memory_id, w, await self._alrange(client, w))
 
@@ -598,7 +598,7 @@ class RedisChatMemoryStore:
         """`get_messages_since` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_messages_since, memory_id, since)
+            return await thread_call(self.get_messages_since, memory_id, since)
         keys = self.keys(memory_id)
         raw = await self._acall(client, _SINCE_SCRIPT, keys, (_after(since),))
         self._mark(keys, raw[2])
@@ -621,7 +621,7 @@ class RedisChatMemoryStore:
         client = self._aclient()
         if client is None:
             more = {"history_only": history_only} if history_only else {}
-            return await asyncio.to_thread(
+            return await thread_call(
                 self.apply_changes, memory_id, appended=appended, removed=removed, **more
             )
         started = time.monotonic()
@@ -636,7 +636,7 @@ class RedisChatMemoryStore:
         """`update_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.update_messages, memory_id, messages)
+            return await thread_call(self.update_messages, memory_id, messages)
         started = time.monotonic()
         keys, new, texts = self._update_args(memory_id, messages)
         for _ in range(_PLAN_TRIES):
@@ -656,7 +656,7 @@ class RedisChatMemoryStore:
         """`delete_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.delete_messages, memory_id)
+            return await thread_call(self.delete_messages, memory_id)
         started = time.monotonic()
         keys = self.keys(memory_id)
         deadline = await self._adeadline(client, keys, started)
@@ -668,7 +668,7 @@ class RedisChatMemoryStore:
         """`get_history` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_history, memory_id)
+            return await thread_call(self.get_history, memory_id)
         keys = self.keys(memory_id)
         raw = await self._acall(client, _HISTORY_SCRIPT, keys, ())
         self._mark(keys, raw[3])
@@ -678,7 +678,7 @@ class RedisChatMemoryStore:
         """`forget` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.forget, memory_id)
+            return await thread_call(self.forget, memory_id)
         started = time.monotonic()
         keys = self.keys(memory_id)
         deadline = await self._adeadline(client, keys, started)
