@@ -60,6 +60,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import select
 import socket
 import threading
@@ -198,7 +199,8 @@ class PostgresChatMemoryStore:
     ``async_pool`` if given, else run the sync methods in a worker thread (a caller cancelled
     meanwhile is told so once the call has ended). A connection passed in is used by one
     call at a time, as is: with autocommit off, writes join any transaction open on it. What
-    the store made, `close` (or `aclose`) closes.
+    the store made, `close` (or `aclose`) closes. A DSN that libpq can't parse is a
+    ``psycopg.ProgrammingError`` when the store is made.
 
     Waits are bounded. ``timeout`` is how many seconds a call may take, waiting for a
     connection and then for the server's answers, before it raises
@@ -265,6 +267,7 @@ class PostgresChatMemoryStore:
         self._connector: _Connector | None = None
         self._source: _Source
         if isinstance(dsn_or_pool, str):
+            _check_dsn(dsn_or_pool, "the DSN")
             self._dsn = dsn_or_pool
             self._connector = _Connector(
                 dsn_or_pool,
@@ -274,6 +277,9 @@ class PostgresChatMemoryStore:
             )
             self._source = _OwnPool(self._connector, max_connections, self._timeout)
         elif isinstance(dsn_or_pool, ConnectionPool):
+            if isinstance(dsn_or_pool.conninfo, str):
+                # The pool would retry it in the background, and every call time out.
+                _check_dsn(dsn_or_pool.conninfo, "the conninfo of the pool")
             self._source = _GivenPool(dsn_or_pool, self._timeout)
         elif isinstance(dsn_or_pool, psycopg.Connection):
             self._source = _GivenConnection(dsn_or_pool, self._timeout)
@@ -1038,6 +1044,40 @@ def _check_seconds(name: str, value: object, other: str = "") -> None:
         )
 
 
+def _check_dsn(dsn: str, what: str) -> None:
+    """Raise ``psycopg.ProgrammingError`` if libpq can't parse ``dsn``, saying why.
+
+    The pool would only retry it in the background, and every call wait out its timeout.
+    """
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise psycopg.ProgrammingError(
+            f"{what} given to PostgresChatMemoryStore is not a valid libpq connection string "
+            f"or URL: {_dsn_problem(dsn, exc)}; check the option names (libpq's "
+            "connection parameters), their quoting, or the URL's form"
+        ) from None  # psycopg's error may quote the password
+
+
+def _dsn_problem(dsn: str, error: psycopg.Error) -> str:
+    """What libpq said about ``dsn``, with anything that may be part of a password masked.
+
+    libpq quotes the token it stopped at, or the whole URL: a token that is not an option's
+    name (a password with a space, say) is masked, and so is the password in a URL.
+    """
+
+    def masked(match: re.Match[str]) -> str:
+        fragment = match.group(1)
+        if len(fragment) <= 1 or re.search(rf"(?:^|[\s?&]){re.escape(fragment)}\s*=", dsn):
+            return match.group(0)  # punctuation, or an option's name
+        if fragment == dsn.strip():
+            url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", fragment)
+            return '"' + re.sub(r"(password=)[^&]*", r"\1***", url) + '"'
+        return '"***"'
+
+    return re.sub(r'"([^"]*)"', masked, _one_line(error))
+
+
 class _Connector:
     """How a store connects from its DSN, and what its last attempt to connect found."""
 
@@ -1067,7 +1107,7 @@ class _Connector:
         self._values = [str(max(1, round(value * 1000))) for value in chosen.values()]
         # The error of the last attempt to connect, by the pools or by a call; None once
         # one succeeds.
-        self.failure: psycopg.OperationalError | None = None
+        self.failure: psycopg.Error | None = None
         self.connection_class = _tracked(self)
         self.async_class = _atracked(self)
 
@@ -1113,7 +1153,7 @@ class _Connector:
         start = time.monotonic()
         try:
             conn = self.connection_class.connect(self.dsn, **self._kwargs_until(deadline))
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             raise _unreachable(self.where, exc, time.monotonic() - start) from exc
         self.configure(conn)
         return conn
@@ -1123,7 +1163,7 @@ class _Connector:
         start = time.monotonic()
         try:
             conn = await self.async_class.connect(self.dsn, **self._kwargs_until(deadline))
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             raise _unreachable(self.where, exc, time.monotonic() - start) from exc
         await self.aconfigure(conn)
         return conn
@@ -1202,7 +1242,7 @@ def _tracked(connector: _Connector) -> type[psycopg.Connection[Any]]:
         def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 conn = super().connect(conninfo, **kwargs)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:  # any: one that is not operational won't pass either
                 connector.failure = exc
                 raise
             connector.failure = None
@@ -1219,7 +1259,7 @@ def _atracked(connector: _Connector) -> type[psycopg.AsyncConnection[Any]]:
         async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 conn = await super().connect(conninfo, **kwargs)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 connector.failure = exc
                 raise
             connector.failure = None
@@ -1697,10 +1737,14 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def _unreachable(
-    where: str, error: psycopg.OperationalError, waited: float
-) -> psycopg.OperationalError:
+def _unreachable(where: str, error: psycopg.Error, waited: float) -> psycopg.Error:
     # The cause's own class: a ConnectionTimeout stays one.
+    if not isinstance(error, psycopg.OperationalError):
+        # Not the server's answer but what the client was asked to do: no retry passes it.
+        return type(error)(
+            f"connecting to the PostgreSQL server at {where} failed ({_one_line(error)}); "
+            "check the store's connection settings"
+        )
     return type(error)(
         f"the PostgreSQL server at {where} is unreachable: an attempt to connect failed after "
         f"{waited:.1f} s ({_one_line(error)}); check that the server is running and that the "
