@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from aiservices import MessageWindowChatMemory
 from aiservices.messages import (
     AiMessage,
     ChatMessage,
     SystemMessage,
     UserMessage,
+    message_from_json,
     message_to_json,
     new_message_id,
 )
@@ -199,6 +201,84 @@ def test_update_messages_writes_the_difference(
     window = [window[1], window[0], *window[2:]]
     store.update_messages("c", window)  # the order changes: the window is written again
     assert texts(store.get_messages("c"))[:2] == ["2", "pinned"]
+
+
+def _numbers(raw: sqlite3.Connection, table: str = "chat_messages") -> dict[str, int]:
+    """Each row's sequence number, by the text of its message."""
+    rows = raw.execute(f"SELECT seq, message FROM {table} ORDER BY seq").fetchall()
+    return {str(getattr(message_from_json(text), "text", None)): seq for seq, text in rows}
+
+
+def test_the_newest_number_stays_held_when_its_row_is_removed(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection
+) -> None:
+    # A write that removes the newest rows and adds none moves the highest row left up to
+    # the number they had, so that the next write numbers after every number given.
+    a, b, c, d = user("a"), user("b"), user("c"), user("d")
+    store.apply_changes("k", appended=[a, b, c], removed=[])
+    first = _numbers(raw)
+    store.apply_changes("k", appended=[], removed=[a.message_id])  # not the newest: kept
+    assert _numbers(raw) == {"b": first["b"], "c": first["c"]}
+    store.apply_changes("k", appended=[], removed=[c.message_id])  # the newest
+    assert _numbers(raw) == {"b": first["c"]}
+    store.apply_changes("k", appended=[c], removed=[])
+    assert _numbers(raw) == {"b": first["c"], "c": first["c"] + 1}
+    store.update_messages("k", [c])  # update_messages removing the oldest: kept
+    assert _numbers(raw) == {"c": first["c"] + 1}
+    store.update_messages("k", [c, d])
+    store.update_messages("k", [c])  # and the newest
+    assert _numbers(raw) == {"c": first["c"] + 2}
+    store.update_messages("k", [c, d])
+    assert _numbers(raw) == {"c": first["c"] + 2, "d": first["c"] + 3}
+    assert texts(store.get_messages("k")) == ["c", "d"]
+
+
+def test_a_turn_renumbers_nothing(store: SqliteChatMemoryStore, raw: sqlite3.Connection) -> None:
+    raw.executescript(
+        """
+        CREATE TABLE updates (n INTEGER NOT NULL);
+        INSERT INTO updates VALUES (0);
+        CREATE TRIGGER count_updates AFTER UPDATE ON chat_messages
+            BEGIN UPDATE updates SET n = n + 1; END;
+        """
+    )
+    memory = MessageWindowChatMemory(4, id="k", store=store)
+    for i in range(10):
+        memory.add(UserMessage(f"q{i}"), AiMessage(f"a{i}"))
+    assert texts(memory.messages()) == ["q8", "a8", "q9", "a9"]
+    assert raw.execute("SELECT n FROM updates").fetchone() == (0,)
+
+
+def test_clearing_the_window_beside_older_history_keeps_its_last_number(path: Path) -> None:
+    a, b = user("a"), user("b")
+    with SqliteChatMemoryStore(path, keep_history=True) as keeping:
+        keeping.apply_changes("x", appended=[a, b], removed=[])
+        keeping.apply_changes("x", appended=[], removed=[a.message_id])
+    with SqliteChatMemoryStore(path) as plain, sqlite3.connect(path) as raw:
+        top = _numbers(raw)["b"]
+        plain.delete_messages("x")  # the history holds a lower number: it moves up
+        assert _numbers(raw, "chat_messages_history") == {"a": top}
+        plain.apply_changes("x", appended=[b], removed=[])
+        assert _numbers(raw) == {"b": top + 1}
+        assert [e.message for e in plain.get_history("x")] == [a, b]
+    raw.close()
+
+
+def test_a_file_written_by_the_previous_version_is_used_as_it_is(path: Path) -> None:
+    # The numbering needs no change of schema: a file of version 1 is read and written, and
+    # stays version 1, so processes of either version share it.
+    with SqliteChatMemoryStore(path) as store:
+        store.update_messages("c", [user("a"), user("b")])
+    with sqlite3.connect(path) as raw:
+        tables = raw.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
+        assert sorted(tables) == [
+            ("chat_messages",),
+            ("chat_messages_history",),
+            ("chat_messages_schema",),
+        ]
+        version = raw.execute("SELECT value FROM chat_messages_schema WHERE name = 'version'")
+        assert version.fetchone() == ("1",)
+    raw.close()
 
 
 def test_a_rewrite_keeps_each_message_once_in_history(path: Path) -> None:
