@@ -427,7 +427,9 @@ class SqliteChatMemoryStore:
         ``keep_history`` they are recorded in history, as evicted, before ``appended``.
         """
         key = _key(memory_id)
-        appended_ids(appended)
+        passing = history_only if self.keep_history else ()
+        # One check over both lists: an id may not be both recorded as passing and kept.
+        appended_ids([*passing, *appended] if passing else appended)
         conn = self._connection()
         with self._writing(conn):
             # Numbered after the rows removed too: a number is never given twice while the
@@ -435,19 +437,18 @@ class SqliteChatMemoryStore:
             last = self._last_seq(conn, key)
             if removed:
                 self._evict(conn, key, list(removed))
-            if history_only and self.keep_history:
-                appended_ids(history_only)
-                for m in history_only:  # (the history table does not index ids)
+            if passing:
+                for m in passing:  # (the history table does not index ids)
                     if conn.execute(self._sql.has_id, (key, m.message_id)).fetchone():
                         raise duplicate_id_error(m.message_id, memory_id)
                 when = _now()
-                texts = [message_to_json(m) for m in history_only]
-                rows = self._rows(key, history_only, texts, last=last)
+                texts = [message_to_json(m) for m in passing]
+                rows = self._rows(key, passing, texts, last=last)
                 conn.executemany(self._sql.insert_history, [(*row, when) for row in rows])
-                last += len(history_only)
+                last += len(passing)
             if appended:
                 self._append(conn, memory_id, key, appended, None, last=last)
-            elif removed and not (history_only and self.keep_history):
+            elif removed and not passing:
                 self._keep_last_seq(conn, key, last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()

@@ -622,6 +622,15 @@ def test_a_history_only_message_whose_id_is_stored_is_a_duplicate(history_store:
     assert history_view(history_store.get_history("c")) == [("kept", False)]
 
 
+def test_a_history_only_message_whose_id_is_appended_is_a_duplicate(history_store: Any) -> None:
+    kept = user("kept")
+    history_store.apply_changes("c", appended=[kept], removed=[])
+    passing, twin = user("passing", message_id="7"), user("twin", message_id="7")
+    with pytest.raises(ValueError, match="'7' appears twice"):
+        history_store.apply_changes("c", appended=[twin], removed=[], history_only=[passing])
+    assert history_view(history_store.get_history("c")) == [("kept", False)]
+
+
 def test_messages_a_turn_evicts_at_once_are_not_stored_without_history(
     backend: OpenedBackend,
 ) -> None:
