@@ -96,6 +96,7 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
@@ -244,16 +245,20 @@ class PostgresChatMemoryStore:
             )
         if "\x00" in table:
             raise ValueError(f"table {table!r} has a NUL character, which PostgreSQL refuses")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError(
+                f"max_connections must be a whole number >= 1, not "
+                f"{type(max_connections).__name__} {max_connections!r}"
+            )
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections!r}")
-        _check_seconds("timeout", timeout)
-        _check_seconds("connect_timeout", connect_timeout)
+        check_seconds("timeout", timeout)
+        check_seconds("connect_timeout", connect_timeout)
         for name, value in (
             ("statement_timeout", statement_timeout),
             ("lock_timeout", lock_timeout),
         ):
-            if value is not None:
-                _check_seconds(name, value, "or None for the server's own setting")
+            check_seconds(name, value, none="the server's own setting")
         self.table = table
         self.keep_history = bool(keep_history)
         self.retention = check_retention(retention)
@@ -627,7 +632,7 @@ class PostgresChatMemoryStore:
             ids = [m.message_id for m in history_only]
             key, _ = _file_key(memory_id)
             return _then(op, _Query(self._sql.evict, (key, ids))), texts, True
-        appended_ids(appended)
+        appended_ids(appended, removed)
         texts = [message_to_json(m) for m in appended]
         key, full = _file_key(memory_id)
         s = self._sql
@@ -1035,13 +1040,6 @@ def _left(deadline: float, most: float = math.inf) -> float:
 def _whole_seconds(seconds: float) -> int:
     # libpq reads connect_timeout in whole seconds, below 2 as 2, and 0 as "no limit".
     return max(2, math.ceil(seconds))
-
-
-def _check_seconds(name: str, value: object, other: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(
-            f"{name} must be > 0 seconds{', ' + other if other else ''}, got {value!r}"
-        )
 
 
 def _check_dsn(dsn: str, what: str) -> None:

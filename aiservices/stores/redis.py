@@ -33,6 +33,7 @@ import base64
 import bisect
 import copy
 import hashlib
+import math
 import re
 import secrets
 import threading
@@ -65,6 +66,7 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
@@ -1049,7 +1051,7 @@ def _apply_args(
     if not keep_history:
         history_only = ()
     every = [*history_only, *appended] if history_only else appended
-    new_ids = appended_ids(every)
+    new_ids = appended_ids(every, removed)
     texts = [message_to_json(m) for m in every]
     # 96 random bits: one write's token is never taken for another's.
     args: list[Any] = [secrets.token_urlsafe(12), len(removed), *removed, len(history_only)]
@@ -1095,6 +1097,10 @@ def _ttl_ms(ttl: float | timedelta) -> int:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise TypeError(f"ttl must be seconds or a timedelta, not {type(ttl).__name__}")
+    if not math.isfinite(seconds):
+        raise ValueError(
+            f"ttl must be a finite number of seconds, got {ttl!r}; use ttl=None for no expiry"
+        )
     ms = round(seconds * 1000)
     if ms < 1:
         raise ValueError(f"ttl must be at least 1 ms, got {ttl!r}; use ttl=None for no expiry")
@@ -1103,15 +1109,7 @@ def _ttl_ms(ttl: float | timedelta) -> int:
 
 def _seconds(name: str, value: object) -> float | None:
     """A timeout option as seconds, or a clear error."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be seconds (a number) or None, not {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(
-            f"{name} must be a positive number of seconds, got {value!r}; None waits for ever"
-        )
-    return float(value)
+    return check_seconds(name, value, none="no limit")
 
 
 def _query_seconds(query: dict[str, list[str]], name: str, default: float | None) -> float | None:

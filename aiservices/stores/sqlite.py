@@ -58,6 +58,7 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
@@ -195,8 +196,8 @@ class SqliteChatMemoryStore:
             )
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        seconds = check_seconds("timeout", timeout, zero=True)
+        assert seconds is not None
         self.retention = check_retention(retention)
         self.path = raw
         # Every thread opens the file by this path: a relative one would follow the working
@@ -204,7 +205,7 @@ class SqliteChatMemoryStore:
         self._file = os.path.abspath(raw)
         self.keep_history = keep_history
         self.table = table
-        self._timeout = timeout
+        self._timeout = seconds
         self._synchronous = synchronous
         self._shared = _process.shared_for(os.path.realpath(self._file))
         self._local = threading.local()
@@ -429,7 +430,7 @@ class SqliteChatMemoryStore:
         key = _key(memory_id)
         passing = history_only if self.keep_history else ()
         # One check over both lists: an id may not be both recorded as passing and kept.
-        appended_ids([*passing, *appended] if passing else appended)
+        appended_ids([*passing, *appended] if passing else appended, removed)
         conn = self._connection()
         with self._writing(conn):
             # Numbered after the rows removed too: a number is never given twice while the

@@ -352,7 +352,7 @@ def test_a_write_held_up_by_a_lock_is_cancelled_by_the_server(
 
 def test_bad_timeouts_are_clear_errors(dsn: str) -> None:
     for name in ("timeout", "connect_timeout", "statement_timeout", "lock_timeout"):
-        with pytest.raises(ValueError, match=f"{name} must be > 0 seconds"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number of seconds > 0"):
             PostgresChatMemoryStore(dsn, **{name: -1})
 
 

@@ -138,7 +138,9 @@ def test_two_tables_in_one_file_are_independent(path: Path) -> None:
         ({"path": ""}, "needs a file path"),
         ({"table": "chat messages"}, "plain SQL identifier"),
         ({"table": "x; DROP TABLE y"}, "plain SQL identifier"),
-        ({"timeout": -1}, "timeout must be >= 0"),
+        ({"timeout": -1}, "timeout must be a finite number of seconds >= 0, got -1"),
+        ({"timeout": float("nan")}, "timeout must be a finite number of seconds >= 0, got nan"),
+        ({"timeout": float("inf")}, "timeout must be a finite number of seconds >= 0, got inf"),
         ({"synchronous": "SOMETIMES"}, "synchronous must be one of"),
     ],
 )
@@ -148,6 +150,29 @@ def test_bad_arguments_are_clear_errors(
     options: dict[str, object] = {"path": tmp_path / "x.db", **kwargs}
     with pytest.raises(ValueError, match=message):
         SqliteChatMemoryStore(**options)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "message"),
+    [
+        ("5", r"timeout must be a finite number of seconds >= 0, not str '5'; pass it as a "
+         r"number: timeout=5\.0"),
+        (None, "timeout must be a finite number of seconds >= 0, not NoneType None"),
+        (True, "timeout must be a finite number of seconds >= 0, not bool True"),
+    ],
+)  # fmt: skip
+def test_a_timeout_that_is_not_a_number_is_a_type_error(
+    tmp_path: Path, timeout: object, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        SqliteChatMemoryStore(tmp_path / "x.db", timeout=timeout)  # type: ignore[arg-type]
+    assert not (tmp_path / "x.db").exists()  # refused before the file is made
+
+
+def test_a_timeout_of_zero_is_allowed(tmp_path: Path) -> None:
+    with SqliteChatMemoryStore(tmp_path / "x.db", timeout=0) as store:
+        store.update_messages("c", [user("a")])
+        assert texts(store.get_messages("c")) == ["a"]
 
 
 def test_synchronous_is_applied(path: Path) -> None:
