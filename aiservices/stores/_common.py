@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import operator
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
+from .._threads import in_thread
 from ..errors import AiServiceError
 from ..messages import (
+    AiMessage,
     ChatMessage,
+    SystemMessage,
+    ToolExecutionResultMessage,
+    UserMessage,
     message_from_json,
     message_to_json,
     messages_from_texts,
@@ -29,11 +36,13 @@ __all__ = [
     "appended_ids",
     "check_appended",
     "check_retention",
+    "check_seconds",
     "check_unique_ids",
     "duplicate_id_error",
     "parse_messages",
     "plan_update",
     "purge_interval",
+    "thread_call",
     "window_since",
     "with_message_ids",
 ]
@@ -65,6 +74,20 @@ class ChatHistoryStore(ChatMemoryStore, Protocol):
         ...
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+async def thread_call(function: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``function(*args, **kwargs)`` in a worker thread, for a store's async methods.
+
+    A caller cancelled meanwhile gets its ``CancelledError`` only once the function has
+    ended: a thread can't be stopped, and a memory that heard of the cancellation at once
+    would let the next turn run while this write still lands.
+    """
+    return cast("_T", await in_thread(function, *args, **kwargs))
+
+
 def check_retention(retention: object) -> timedelta | None:
     """``retention`` as a store's retention period, or a clear error."""
     if retention is None:
@@ -77,6 +100,30 @@ def check_retention(retention: object) -> timedelta | None:
     if retention <= timedelta(0):
         raise ValueError(f"retention must be a positive period, got {retention!r}")
     return retention
+
+
+def check_seconds(
+    name: str, value: object, *, zero: bool = False, none: str | None = None
+) -> float | None:
+    """``value`` of the option ``name`` as seconds, or a clear error.
+
+    ``zero``: 0 is allowed; ``none``: what ``None`` means for the option, where it is allowed.
+    """
+    if value is None and none is not None:
+        return None
+    wanted = f"a finite number of seconds {'>= 0' if zero else '> 0'}"
+    if none is not None:
+        wanted += f", or None ({none})"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        hint = ""
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                hint = f"; pass it as a number: {name}={float(value)!r}"
+        raise TypeError(f"{name} must be {wanted}, not {type(value).__name__} {value!r}{hint}")
+    # NaN fails both comparisons; infinity would overflow the waits it is given to.
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return float(value)
 
 
 def purge_interval(retention: timedelta) -> float:
@@ -103,8 +150,28 @@ class StoreSchemaError(AiServiceError, RuntimeError):
     """The store's tables were written by another version of aiservices, or by someone else."""
 
 
+_ONE_MESSAGE = SystemMessage | UserMessage | AiMessage | ToolExecutionResultMessage
+
+
+def not_a_list_error(name: str, value: object, items: str) -> TypeError:
+    """The error for a text or a single message passed where a list of ``items`` is wanted.
+
+    A str is a sequence of its characters, and a message one of its fields: taken as a list,
+    either would become items that were never meant.
+    """
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+    what = "one message" if isinstance(value, _ONE_MESSAGE) else type(value).__name__
+    return TypeError(
+        f"{name} must be a list of {items}, not {what} {shown}; put it in a list ([...]) "
+        "if it is one of them"
+    )
+
+
 def with_message_ids(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """``messages`` as a new list, each message without a ``message_id`` given a fresh one."""
+    if isinstance(messages, str | bytes | _ONE_MESSAGE):
+        raise not_a_list_error("messages", messages, "chat messages")
     return [
         m if m.message_id is not None else m.with_metadata(message_id=new_message_id())
         for m in messages
@@ -127,9 +194,19 @@ def check_appended(appended: Sequence[ChatMessage]) -> None:
 _message_id = operator.attrgetter("message_id")
 
 
-def appended_ids(appended: Sequence[ChatMessage]) -> list[str]:
-    """The ``message_id`` of each appended message, checked as `check_appended` does."""
-    new_ids = list(map(_message_id, appended))
+def appended_ids(
+    appended: Sequence[ChatMessage], removed: Collection[str] | None = None
+) -> list[str]:
+    """The ``message_id`` of each appended message, checked as `check_appended` does;
+    ``removed``, if given, is checked to be ids rather than one text."""
+    if type(removed) is str:  # one type test: this runs on every turn
+        raise not_a_list_error("removed", removed, "message ids")
+    try:
+        new_ids = list(map(_message_id, appended))
+    except AttributeError:
+        if isinstance(appended, str | bytes | _ONE_MESSAGE):
+            raise not_a_list_error("appended", appended, "chat messages") from None
+        raise
     # The common case, every id present and distinct, is told apart without a loop in Python.
     n = len(new_ids)
     if None in new_ids or (

@@ -121,7 +121,7 @@ class InMemoryChatMemoryStore:
     ) -> None:
         """Remove the messages whose id is in ``removed``, then append ``appended``."""
         key = store_key(memory_id)
-        new_ids = appended_ids(appended)
+        new_ids = appended_ids(appended, removed)
         # acquire/release rather than `with`: this runs on every call of a service.
         lock = self._lock
         lock.acquire()

@@ -60,6 +60,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import select
 import socket
 import threading
@@ -95,10 +96,12 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
     purge_interval,
+    thread_call,
     window_since,
     with_message_ids,
 )
@@ -194,9 +197,11 @@ class PostgresChatMemoryStore:
     or a ``psycopg.Connection``. From a DSN the store makes a pool of up to
     ``max_connections`` connections, opened on first use, and in each event loop that calls
     its async methods an ``AsyncConnectionPool``. Given a pool or connection, async calls use
-    ``async_pool`` if given, else run the sync methods in a worker thread. A connection
-    passed in is used by one call at a time, as is: with autocommit off, writes join any
-    transaction open on it. What the store made, `close` (or `aclose`) closes.
+    ``async_pool`` if given, else run the sync methods in a worker thread (a caller cancelled
+    meanwhile is told so once the call has ended). A connection passed in is used by one
+    call at a time, as is: with autocommit off, writes join any transaction open on it. What
+    the store made, `close` (or `aclose`) closes. A DSN that libpq can't parse is a
+    ``psycopg.ProgrammingError`` when the store is made.
 
     Waits are bounded. ``timeout`` is how many seconds a call may take, waiting for a
     connection and then for the server's answers, before it raises
@@ -240,16 +245,20 @@ class PostgresChatMemoryStore:
             )
         if "\x00" in table:
             raise ValueError(f"table {table!r} has a NUL character, which PostgreSQL refuses")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise TypeError(
+                f"max_connections must be a whole number >= 1, not "
+                f"{type(max_connections).__name__} {max_connections!r}"
+            )
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections!r}")
-        _check_seconds("timeout", timeout)
-        _check_seconds("connect_timeout", connect_timeout)
+        check_seconds("timeout", timeout)
+        check_seconds("connect_timeout", connect_timeout)
         for name, value in (
             ("statement_timeout", statement_timeout),
             ("lock_timeout", lock_timeout),
         ):
-            if value is not None:
-                _check_seconds(name, value, "or None for the server's own setting")
+            check_seconds(name, value, none="the server's own setting")
         self.table = table
         self.keep_history = bool(keep_history)
         self.retention = check_retention(retention)
@@ -263,6 +272,7 @@ class PostgresChatMemoryStore:
         self._connector: _Connector | None = None
         self._source: _Source
         if isinstance(dsn_or_pool, str):
+            _check_dsn(dsn_or_pool, "the DSN")
             self._dsn = dsn_or_pool
             self._connector = _Connector(
                 dsn_or_pool,
@@ -272,6 +282,9 @@ class PostgresChatMemoryStore:
             )
             self._source = _OwnPool(self._connector, max_connections, self._timeout)
         elif isinstance(dsn_or_pool, ConnectionPool):
+            if isinstance(dsn_or_pool.conninfo, str):
+                # The pool would retry it in the background, and every call time out.
+                _check_dsn(dsn_or_pool.conninfo, "the conninfo of the pool")
             self._source = _GivenPool(dsn_or_pool, self._timeout)
         elif isinstance(dsn_or_pool, psycopg.Connection):
             self._source = _GivenConnection(dsn_or_pool, self._timeout)
@@ -619,7 +632,7 @@ class PostgresChatMemoryStore:
             ids = [m.message_id for m in history_only]
             key, _ = _file_key(memory_id)
             return _then(op, _Query(self._sql.evict, (key, ids))), texts, True
-        appended_ids(appended)
+        appended_ids(appended, removed)
         texts = [message_to_json(m) for m in appended]
         key, full = _file_key(memory_id)
         s = self._sql
@@ -748,7 +761,7 @@ class PostgresChatMemoryStore:
     ) -> Any:
         pool = self._apool()
         if pool is None:
-            return await asyncio.to_thread(
+            return await thread_call(
                 self._run, op, transaction=transaction, write=write, check_schema=check_schema
             )
         if check_schema and not self._schema_ready:
@@ -1029,11 +1042,38 @@ def _whole_seconds(seconds: float) -> int:
     return max(2, math.ceil(seconds))
 
 
-def _check_seconds(name: str, value: object, other: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(
-            f"{name} must be > 0 seconds{', ' + other if other else ''}, got {value!r}"
-        )
+def _check_dsn(dsn: str, what: str) -> None:
+    """Raise ``psycopg.ProgrammingError`` if libpq can't parse ``dsn``, saying why.
+
+    The pool would only retry it in the background, and every call wait out its timeout.
+    """
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise psycopg.ProgrammingError(
+            f"{what} given to PostgresChatMemoryStore is not a valid libpq connection string "
+            f"or URL: {_dsn_problem(dsn, exc)}; check the option names (libpq's "
+            "connection parameters), their quoting, or the URL's form"
+        ) from None  # psycopg's error may quote the password
+
+
+def _dsn_problem(dsn: str, error: psycopg.Error) -> str:
+    """What libpq said about ``dsn``, with anything that may be part of a password masked.
+
+    libpq quotes the token it stopped at, or the whole URL: a token that is not an option's
+    name (a password with a space, say) is masked, and so is the password in a URL.
+    """
+
+    def masked(match: re.Match[str]) -> str:
+        fragment = match.group(1)
+        if len(fragment) <= 1 or re.search(rf"(?:^|[\s?&]){re.escape(fragment)}\s*=", dsn):
+            return match.group(0)  # punctuation, or an option's name
+        if fragment == dsn.strip():
+            url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", fragment)
+            return '"' + re.sub(r"(password=)[^&]*", r"\1***", url) + '"'
+        return '"***"'
+
+    return re.sub(r'"([^"]*)"', masked, _one_line(error))
 
 
 class _Connector:
@@ -1065,7 +1105,7 @@ class _Connector:
         self._values = [str(max(1, round(value * 1000))) for value in chosen.values()]
         # The error of the last attempt to connect, by the pools or by a call; None once
         # one succeeds.
-        self.failure: psycopg.OperationalError | None = None
+        self.failure: psycopg.Error | None = None
         self.connection_class = _tracked(self)
         self.async_class = _atracked(self)
 
@@ -1111,7 +1151,7 @@ class _Connector:
         start = time.monotonic()
         try:
             conn = self.connection_class.connect(self.dsn, **self._kwargs_until(deadline))
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             raise _unreachable(self.where, exc, time.monotonic() - start) from exc
         self.configure(conn)
         return conn
@@ -1121,7 +1161,7 @@ class _Connector:
         start = time.monotonic()
         try:
             conn = await self.async_class.connect(self.dsn, **self._kwargs_until(deadline))
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             raise _unreachable(self.where, exc, time.monotonic() - start) from exc
         await self.aconfigure(conn)
         return conn
@@ -1200,7 +1240,7 @@ def _tracked(connector: _Connector) -> type[psycopg.Connection[Any]]:
         def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 conn = super().connect(conninfo, **kwargs)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:  # any: one that is not operational won't pass either
                 connector.failure = exc
                 raise
             connector.failure = None
@@ -1217,7 +1257,7 @@ def _atracked(connector: _Connector) -> type[psycopg.AsyncConnection[Any]]:
         async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:
                 conn = await super().connect(conninfo, **kwargs)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 connector.failure = exc
                 raise
             connector.failure = None
@@ -1695,10 +1735,14 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def _unreachable(
-    where: str, error: psycopg.OperationalError, waited: float
-) -> psycopg.OperationalError:
+def _unreachable(where: str, error: psycopg.Error, waited: float) -> psycopg.Error:
     # The cause's own class: a ConnectionTimeout stays one.
+    if not isinstance(error, psycopg.OperationalError):
+        # Not the server's answer but what the client was asked to do: no retry passes it.
+        return type(error)(
+            f"connecting to the PostgreSQL server at {where} failed ({_one_line(error)}); "
+            "check the store's connection settings"
+        )
     return type(error)(
         f"the PostgreSQL server at {where} is unreachable: an attempt to connect failed after "
         f"{waited:.1f} s ({_one_line(error)}); check that the server is running and that the "

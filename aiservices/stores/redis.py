@@ -29,11 +29,11 @@ effect afterwards.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import bisect
 import copy
 import hashlib
+import math
 import re
 import secrets
 import threading
@@ -66,9 +66,11 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
+    thread_call,
     window_since,
     with_message_ids,
 )
@@ -335,9 +337,9 @@ class RedisChatMemoryStore:
     or a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client. From a URL the store
     makes a client for its sync methods and, in each event loop that calls its async methods,
     a ``redis.asyncio`` client (a cluster client for a cluster URL). Given a client, async
-    calls use ``async_client`` if given, else run the sync methods in a worker thread.
-    Clients made from a URL are closed by `close` (or `aclose`); clients passed
-    in are left open.
+    calls use ``async_client`` if given, else run the sync methods in a worker thread (a
+    caller cancelled meanwhile is told so once the call has ended). Clients made from a URL
+    are closed by `close` (or `aclose`); clients passed in are left open.
 
     ``key_prefix`` starts every key the store writes. ``ttl`` (seconds or a ``timedelta``)
     makes a conversation expire that long after its last write, history included. With
@@ -588,7 +590,7 @@ class RedisChatMemoryStore:
         """`get_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_messages, memory_id)
+            return await thread_call(self.get_messages, memory_id)
         w = self.keys(memory_id)[0]
         return self._parse(memory_id, w, await self._alrange(client, w))
 
@@ -598,7 +600,7 @@ class RedisChatMemoryStore:
         """`get_messages_since` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_messages_since, memory_id, since)
+            return await thread_call(self.get_messages_since, memory_id, since)
         keys = self.keys(memory_id)
         raw = await self._acall(client, _SINCE_SCRIPT, keys, (_after(since),))
         self._mark(keys, raw[2])
@@ -621,7 +623,7 @@ class RedisChatMemoryStore:
         client = self._aclient()
         if client is None:
             more = {"history_only": history_only} if history_only else {}
-            return await asyncio.to_thread(
+            return await thread_call(
                 self.apply_changes, memory_id, appended=appended, removed=removed, **more
             )
         started = time.monotonic()
@@ -636,7 +638,7 @@ class RedisChatMemoryStore:
         """`update_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.update_messages, memory_id, messages)
+            return await thread_call(self.update_messages, memory_id, messages)
         started = time.monotonic()
         keys, new, texts = self._update_args(memory_id, messages)
         for _ in range(_PLAN_TRIES):
@@ -656,7 +658,7 @@ class RedisChatMemoryStore:
         """`delete_messages` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.delete_messages, memory_id)
+            return await thread_call(self.delete_messages, memory_id)
         started = time.monotonic()
         keys = self.keys(memory_id)
         deadline = await self._adeadline(client, keys, started)
@@ -668,7 +670,7 @@ class RedisChatMemoryStore:
         """`get_history` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.get_history, memory_id)
+            return await thread_call(self.get_history, memory_id)
         keys = self.keys(memory_id)
         raw = await self._acall(client, _HISTORY_SCRIPT, keys, ())
         self._mark(keys, raw[3])
@@ -678,7 +680,7 @@ class RedisChatMemoryStore:
         """`forget` for async callers."""
         client = self._aclient()
         if client is None:
-            return await asyncio.to_thread(self.forget, memory_id)
+            return await thread_call(self.forget, memory_id)
         started = time.monotonic()
         keys = self.keys(memory_id)
         deadline = await self._adeadline(client, keys, started)
@@ -1049,7 +1051,7 @@ def _apply_args(
     if not keep_history:
         history_only = ()
     every = [*history_only, *appended] if history_only else appended
-    new_ids = appended_ids(every)
+    new_ids = appended_ids(every, removed)
     texts = [message_to_json(m) for m in every]
     # 96 random bits: one write's token is never taken for another's.
     args: list[Any] = [secrets.token_urlsafe(12), len(removed), *removed, len(history_only)]
@@ -1095,6 +1097,10 @@ def _ttl_ms(ttl: float | timedelta) -> int:
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise TypeError(f"ttl must be seconds or a timedelta, not {type(ttl).__name__}")
+    if not math.isfinite(seconds):
+        raise ValueError(
+            f"ttl must be a finite number of seconds, got {ttl!r}; use ttl=None for no expiry"
+        )
     ms = round(seconds * 1000)
     if ms < 1:
         raise ValueError(f"ttl must be at least 1 ms, got {ttl!r}; use ttl=None for no expiry")
@@ -1103,15 +1109,7 @@ def _ttl_ms(ttl: float | timedelta) -> int:
 
 def _seconds(name: str, value: object) -> float | None:
     """A timeout option as seconds, or a clear error."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be seconds (a number) or None, not {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(
-            f"{name} must be a positive number of seconds, got {value!r}; None waits for ever"
-        )
-    return float(value)
+    return check_seconds(name, value, none="no limit")
 
 
 def _query_seconds(query: dict[str, list[str]], name: str, default: float | None) -> float | None:

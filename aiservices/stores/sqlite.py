@@ -16,7 +16,10 @@ Schema (``table`` defaults to ``chat_messages``)::
     {table}_schema   name/value pairs; 'version' is the schema version
 
 Both message tables are ``WITHOUT ROWID``, so a conversation's window is one contiguous
-range of the primary key, never mixed with its history.
+range of the primary key, never mixed with its history. Sequence numbers are unique across
+both, and never given twice while a conversation has rows: a write numbers after the highest
+row, and one that removes the newest rows and adds none moves the highest row left up to
+their number.
 
 Retention: `SqliteChatMemoryStore.purge_idle` deletes the conversations (window and
 history) that no write has touched for a while; ``retention=`` runs it now and then from
@@ -55,6 +58,7 @@ from ._common import (
     WindowRead,
     appended_ids,
     check_retention,
+    check_seconds,
     check_unique_ids,
     duplicate_id_error,
     plan_update,
@@ -192,8 +196,8 @@ class SqliteChatMemoryStore:
             )
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        seconds = check_seconds("timeout", timeout, zero=True)
+        assert seconds is not None
         self.retention = check_retention(retention)
         self.path = raw
         # Every thread opens the file by this path: a relative one would follow the working
@@ -201,7 +205,7 @@ class SqliteChatMemoryStore:
         self._file = os.path.abspath(raw)
         self.keep_history = keep_history
         self.table = table
-        self._timeout = timeout
+        self._timeout = seconds
         self._synchronous = synchronous
         self._shared = _process.shared_for(os.path.realpath(self._file))
         self._local = threading.local()
@@ -246,7 +250,9 @@ class SqliteChatMemoryStore:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
         path = self._file
         self._check_file()
-        if not os.access(path, os.R_OK | os.W_OK) and os.path.isfile(path):
+        # Whether it is there first: a file another process creates between the two checks
+        # would otherwise look unreadable.
+        if os.path.isfile(path) and not os.access(path, os.R_OK | os.W_OK):
             # SQLite would open it read-only, and fail only at the first write.
             raise _open_error(path, None)
         try:
@@ -422,7 +428,9 @@ class SqliteChatMemoryStore:
         ``keep_history`` they are recorded in history, as evicted, before ``appended``.
         """
         key = _key(memory_id)
-        appended_ids(appended)
+        passing = history_only if self.keep_history else ()
+        # One check over both lists: an id may not be both recorded as passing and kept.
+        appended_ids([*passing, *appended] if passing else appended, removed)
         conn = self._connection()
         with self._writing(conn):
             # Numbered after the rows removed too: a number is never given twice while the
@@ -430,18 +438,19 @@ class SqliteChatMemoryStore:
             last = self._last_seq(conn, key)
             if removed:
                 self._evict(conn, key, list(removed))
-            if history_only and self.keep_history:
-                appended_ids(history_only)
-                for m in history_only:  # (the history table does not index ids)
+            if passing:
+                for m in passing:  # (the history table does not index ids)
                     if conn.execute(self._sql.has_id, (key, m.message_id)).fetchone():
                         raise duplicate_id_error(m.message_id, memory_id)
                 when = _now()
-                texts = [message_to_json(m) for m in history_only]
-                rows = self._rows(key, history_only, texts, last=last)
+                texts = [message_to_json(m) for m in passing]
+                rows = self._rows(key, passing, texts, last=last)
                 conn.executemany(self._sql.insert_history, [(*row, when) for row in rows])
-                last += len(history_only)
+                last += len(passing)
             if appended:
                 self._append(conn, memory_id, key, appended, None, last=last)
+            elif removed and not passing:
+                self._keep_last_seq(conn, key, last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
@@ -454,6 +463,23 @@ class SqliteChatMemoryStore:
         """
         (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
         return last if last >= 0 else time.time_ns() // 1000
+
+    def _keep_last_seq(self, conn: sqlite3.Connection, key: str | bytes, last: int) -> None:
+        """After a write that removed rows and numbered none: make the highest row left
+        hold ``last``, the number the next row follows, if the rows removed held it.
+
+        Else the next write would number after the highest row left, giving a removed
+        message's number again: a reader that holds that number would take the new message
+        for the one it read. Moving the highest row up keeps the order, and a reader that
+        holds the row knows it by its message id, its text unchanged. Only a write that
+        removed the newest rows and added none pays for this, never a turn.
+        """
+        sql = self._sql
+        window, history = conn.execute(sql.top_seqs, (key,)).fetchone()
+        top = max(window, history)
+        if 0 <= top < last:
+            renumber = sql.renumber if window == top else sql.renumber_history
+            conn.execute(renumber, (last, key, top))
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -479,6 +505,8 @@ class SqliteChatMemoryStore:
             if plan.fresh < len(new):
                 start = plan.fresh
                 self._append(conn, memory_id, key, new[start:], texts[start:], last=last)
+            elif plan.removed:
+                self._keep_last_seq(conn, key, last)
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
 
@@ -489,8 +517,13 @@ class SqliteChatMemoryStore:
         sql = self._sql
         with self._writing(conn):
             if self.keep_history:
+                # The rows keep their numbers in history: the last one stays held.
                 conn.execute(sql.evict_all, (key, _now()))
-            conn.execute(sql.delete_all, (key,))
+                conn.execute(sql.delete_all, (key,))
+            else:
+                last = self._last_seq(conn, key)
+                conn.execute(sql.delete_all, (key,))
+                self._keep_last_seq(conn, key, last)  # history written earlier may be left
 
     # -- the same, for async callers ------------------------------------------------------
     # Run in order on this store's own thread (see _io_thread): while it is busy, calls
@@ -777,7 +810,10 @@ class _Statements:
         "read_ids_with_seq",
         "read_since",
         "read_window",
+        "renumber",
+        "renumber_history",
         "schema",
+        "top_seqs",
     )
 
     def __init__(self, table: str) -> None:
@@ -817,13 +853,18 @@ class _Statements:
             "ORDER BY seq"
         )
         # Sequence numbers stay unique across window and history, so history keeps order.
-        self.last_seq = (
-            "SELECT max("
+        window_top = (
             f"coalesce((SELECT seq FROM {table} WHERE memory_key = ?1 "
-            "ORDER BY seq DESC LIMIT 1), -1), "
-            f"coalesce((SELECT seq FROM {history} WHERE memory_key = ?1 "
-            "ORDER BY seq DESC LIMIT 1), -1))"
+            "ORDER BY seq DESC LIMIT 1), -1)"
         )
+        history_top = (
+            f"coalesce((SELECT seq FROM {history} WHERE memory_key = ?1 "
+            "ORDER BY seq DESC LIMIT 1), -1)"
+        )
+        self.last_seq = f"SELECT max({window_top}, {history_top})"
+        self.top_seqs = f"SELECT {window_top}, {history_top}"
+        self.renumber = f"UPDATE {table} SET seq = ?1 WHERE memory_key = ?2 AND seq = ?3"
+        self.renumber_history = f"UPDATE {history} SET seq = ?1 WHERE memory_key = ?2 AND seq = ?3"
         self.insert = f"INSERT INTO {table} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
         self.insert_history = (
             f"INSERT INTO {history} ({_COLUMNS}, evicted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"

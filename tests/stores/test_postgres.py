@@ -84,7 +84,29 @@ def test_repr_hides_the_password(table: str) -> None:
         ({"table": ""}, ValueError, "non-empty str"),
         ({"table": "x" * 50}, ValueError, "too long"),
         ({"max_connections": 0}, ValueError, "max_connections must be at least 1"),
-        ({"timeout": 0}, ValueError, "timeout must be > 0"),
+        (
+            {"max_connections": "3"},
+            TypeError,
+            "max_connections must be a whole number >= 1, not str",
+        ),
+        ({"max_connections": 2.5}, TypeError, "max_connections must be a whole number"),
+        ({"max_connections": True}, TypeError, "max_connections must be a whole number"),
+        ({"timeout": 0}, ValueError, "timeout must be a finite number of seconds > 0, got 0"),
+        (
+            {"timeout": "5"},
+            TypeError,
+            r"timeout must be .*, not str '5'; pass it as a number: timeout=5\.0",
+        ),
+        (
+            {"timeout": None},
+            TypeError,
+            "timeout must be a finite number of seconds > 0, not NoneType",
+        ),
+        ({"timeout": float("nan")}, ValueError, "timeout must be a finite number .*, got nan"),
+        ({"timeout": float("inf")}, ValueError, "timeout must be a finite number .*, got inf"),
+        ({"connect_timeout": "5"}, TypeError, "connect_timeout must be a finite number of seconds"),
+        ({"statement_timeout": float("nan")}, ValueError, "statement_timeout must be .* or None"),
+        ({"lock_timeout": "1"}, TypeError, r"lock_timeout must be .*, or None \(the server's own"),
     ],
 )
 def test_bad_arguments_are_clear_errors(

@@ -31,6 +31,7 @@ import psycopg
 import psycopg.errors
 import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 
 from aiservices.stores import StoreSchemaError
 from aiservices.stores.postgres import MAX_KEY_BYTES, SCHEMA_VERSION, PostgresChatMemoryStore
@@ -351,8 +352,76 @@ def test_a_write_held_up_by_a_lock_is_cancelled_by_the_server(
 
 def test_bad_timeouts_are_clear_errors(dsn: str) -> None:
     for name in ("timeout", "connect_timeout", "statement_timeout", "lock_timeout"):
-        with pytest.raises(ValueError, match=f"{name} must be > 0 seconds"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number of seconds > 0"):
             PostgresChatMemoryStore(dsn, **{name: -1})
+
+
+# -- a DSN or connection settings that no retry passes ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dsn", "said"),
+    [
+        ("host=127.0.0.1 dbname=test usr=postgres password=s3cret", 'option "usr"'),
+        ("postgresql://app:s3cret@127.0.0.1/test?usr=app", 'URI query parameter: "usr"'),
+        ("host=127.0.0.1 password=s3cret w0rd dbname=test", r'missing "=" after "\*\*\*"'),
+        ("postgresql://app:s3cret@[::1/test", r'"postgresql://app:\*\*\*@\[::1/test"'),
+        ("postgresql://app:s3%ZZw0rd@127.0.0.1/test", r'percent-encoded token: "\*\*\*"'),
+        ("host=127.0.0.1 password='s3cret", "unterminated quoted string"),
+    ],
+)
+def test_a_dsn_libpq_cannot_read_is_refused_when_the_store_is_made(dsn: str, said: str) -> None:
+    # The pool would retry it in the background, and every call wait out its timeout and
+    # then blame the pool's size.
+    with pytest.raises(psycopg.ProgrammingError, match=said) as caught:
+        PostgresChatMemoryStore(dsn)
+    message = str(caught.value)
+    assert "not a valid libpq connection string or URL" in message
+    assert "check the option names" in message
+    assert "s3" not in message
+    assert "w0rd" not in message
+    assert caught.value.__suppress_context__  # psycopg's own error may quote the password
+
+
+def test_a_pool_whose_conninfo_libpq_cannot_read_is_refused(table: str) -> None:
+    pool: ConnectionPool[Any] = ConnectionPool("host=127.0.0.1 usr=postgres", open=False)
+    with pytest.raises(psycopg.ProgrammingError, match=r'conninfo of the pool .*option "usr"'):
+        PostgresChatMemoryStore(pool, table=table)
+
+
+def _refused(*args: Any, **kwargs: Any) -> Any:
+    raise psycopg.ProgrammingError("refused by the client: not a server's answer")
+
+
+async def _arefused(*args: Any, **kwargs: Any) -> Any:
+    _refused()
+
+
+def test_an_error_no_retry_passes_fails_a_call_at_once(
+    dsn: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not an OperationalError: the pool retries in the background all the same, and a call
+    # that waited for it would time out blaming the pool.
+    monkeypatch.setattr(psycopg.Connection, "connect", classmethod(_refused))
+    with PostgresChatMemoryStore(dsn, table=table, timeout=5) as store:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(psycopg.ProgrammingError, match="refused by the client") as caught:
+                store.get_messages("c")
+            assert time.monotonic() - started < 2.0
+            assert "connecting to the PostgreSQL server at " in str(caught.value)
+            assert "host=127.0.0.1" in str(caught.value)
+
+
+async def test_an_error_no_retry_passes_fails_an_async_call_at_once(
+    dsn: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(_arefused))
+    async with PostgresChatMemoryStore(dsn, table=table, timeout=5) as store:
+        started = time.monotonic()
+        with pytest.raises(psycopg.ProgrammingError, match="refused by the client"):
+            await store.aget_messages("c")
+        assert time.monotonic() - started < 2.0
 
 
 # -- memory ids the server can't take as keys -----------------------------------------------------

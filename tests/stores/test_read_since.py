@@ -84,6 +84,78 @@ def test_a_long_conversation_emptied_and_begun_at_once_is_read_afresh(
     assert now[0].message_id == old[0].message_id
 
 
+def test_a_newest_message_removed_and_stored_again_edited_is_read_afresh(
+    backend: OpenedBackend,
+) -> None:
+    # The first write removes the newest row and adds none; were the next write to number
+    # from the highest row left, the edited message would get the number the reader holds
+    # for the old text, and the reader would keep showing it.
+    reader = MessageWindowChatMemory(10, id="c", store=backend.open())
+    editor = MessageWindowChatMemory(10, id="c", store=backend.open())
+    editor.add(UserMessage("hello"), AiMessage("The answer is A"))
+    assert texts(reader.messages()) == ["hello", "The answer is A"]
+    held = editor.messages()
+    editor.set(held[:-1])
+    editor.set([*held[:-1], held[-1].model_copy(update={"text": "The answer is B"})])
+    assert texts(reader.messages()) == ["hello", "The answer is B"]
+
+
+def test_a_newest_message_removed_by_apply_changes_and_appended_again_is_read_afresh(
+    backend: OpenedBackend,
+) -> None:
+    store, other = backend.open(), backend.open()
+    _reads_since(store)
+    a, b = user("a"), user("b")
+    store.apply_changes("c", appended=[a, b], removed=[])
+    _, since = store.get_messages_since("c")
+    other.apply_changes("c", appended=[], removed=[b.message_id])
+    other.apply_changes("c", appended=[b.model_copy(update={"text": "b, edited"})], removed=[])
+    now, since = store.get_messages_since("c", since)
+    assert texts(now) == ["a", "b, edited"]
+    other.apply_changes("c", appended=[], removed=[a.message_id])
+    now, _ = store.get_messages_since("c", since)
+    assert texts(now) == ["b, edited"]
+
+
+def test_a_window_emptied_beside_older_history_and_begun_again_is_read_afresh(
+    backend: OpenedBackend,
+) -> None:
+    # The window is emptied by a store without history while the history holds older
+    # rows: the conversation still has rows, none of them the newest number given.
+    recorder, plain, reader = backend.open(keep_history=True), backend.open(), backend.open()
+    _reads_since(reader)
+    a, b = user("a"), user("b")
+    recorder.apply_changes("c", appended=[a, b], removed=[])
+    recorder.apply_changes("c", appended=[], removed=[a.message_id])
+    _, since = reader.get_messages_since("c")
+    plain.delete_messages("c")
+    plain.apply_changes("c", appended=[b.model_copy(update={"text": "b, edited"})], removed=[])
+    now, _ = reader.get_messages_since("c", since)
+    assert texts(now) == ["b, edited"]
+
+
+@pytest.mark.parametrize("how", ["delete_messages", "forget", "clear"])
+def test_a_conversation_erased_and_begun_again_at_once_is_read_afresh(
+    backend: OpenedBackend, how: str
+) -> None:
+    # The same message id with another text, written right after the conversation was
+    # erased: numbers the reader holds must not come back for it.
+    reader = MessageWindowChatMemory(10, id="c", store=backend.open())
+    store = backend.open()
+    editor = MessageWindowChatMemory(10, id="c", store=store)
+    editor.add(UserMessage("q"), AiMessage("first answer"))
+    assert texts(reader.messages()) == ["q", "first answer"]
+    held = editor.messages()
+    if how == "clear":
+        editor.clear()
+    else:
+        getattr(store, how)("c")
+    store.apply_changes(
+        "c", appended=[m.model_copy(update={"text": f"{m.text}, again"}) for m in held], removed=[]
+    )
+    assert texts(reader.messages()) == ["q, again", "first answer, again"]
+
+
 def test_a_window_renumbered_by_another_writer_is_read_right(backend: OpenedBackend) -> None:
     store, other = backend.open(), backend.open()
     _reads_since(store)

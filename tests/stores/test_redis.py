@@ -79,6 +79,8 @@ def test_repr_hides_the_password(prefix: str) -> None:
         ({"ttl": 0}, ValueError, "ttl must be at least 1 ms"),
         ({"ttl": timedelta(0)}, ValueError, "ttl must be at least 1 ms"),
         ({"ttl": "60"}, TypeError, "ttl must be seconds or a timedelta"),
+        ({"ttl": float("nan")}, ValueError, "ttl must be a finite number of seconds, got nan"),
+        ({"ttl": float("inf")}, ValueError, "ttl must be a finite number of seconds, got inf"),
     ],
 )
 def test_bad_arguments_are_clear_errors(

@@ -257,10 +257,12 @@ def test_timeouts_are_options_of_the_clients_made_from_a_url() -> None:
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
-        ({"socket_timeout": 0}, ValueError, "socket_timeout must be a positive number"),
-        ({"socket_timeout": -1}, ValueError, "socket_timeout must be a positive number"),
-        ({"socket_connect_timeout": "5"}, TypeError, "socket_connect_timeout must be seconds"),
-        ({"socket_timeout": True}, TypeError, "socket_timeout must be seconds"),
+        ({"socket_timeout": 0}, ValueError, r"socket_timeout must be .* > 0, or None \(no limit\)"),
+        ({"socket_timeout": -1}, ValueError, "socket_timeout must be a finite number of seconds"),
+        ({"socket_timeout": float("nan")}, ValueError, "socket_timeout must be .*, got nan"),
+        ({"socket_timeout": float("inf")}, ValueError, "socket_timeout must be .*, got inf"),
+        ({"socket_connect_timeout": "5"}, TypeError, "socket_connect_timeout must be a finite"),
+        ({"socket_timeout": True}, TypeError, "socket_timeout must be .*, not bool True"),
     ],
 )
 def test_bad_timeouts_are_refused(options: dict[str, Any], error: type, message: str) -> None:

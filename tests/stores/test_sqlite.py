@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import multiprocessing
+import os
 import sqlite3
 import threading
 import time
@@ -14,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from aiservices import MessageWindowChatMemory
 from aiservices.messages import (
     AiMessage,
     ChatMessage,
     SystemMessage,
     UserMessage,
+    message_from_json,
     message_to_json,
     new_message_id,
 )
@@ -135,7 +138,9 @@ def test_two_tables_in_one_file_are_independent(path: Path) -> None:
         ({"path": ""}, "needs a file path"),
         ({"table": "chat messages"}, "plain SQL identifier"),
         ({"table": "x; DROP TABLE y"}, "plain SQL identifier"),
-        ({"timeout": -1}, "timeout must be >= 0"),
+        ({"timeout": -1}, "timeout must be a finite number of seconds >= 0, got -1"),
+        ({"timeout": float("nan")}, "timeout must be a finite number of seconds >= 0, got nan"),
+        ({"timeout": float("inf")}, "timeout must be a finite number of seconds >= 0, got inf"),
         ({"synchronous": "SOMETIMES"}, "synchronous must be one of"),
     ],
 )
@@ -145,6 +150,29 @@ def test_bad_arguments_are_clear_errors(
     options: dict[str, object] = {"path": tmp_path / "x.db", **kwargs}
     with pytest.raises(ValueError, match=message):
         SqliteChatMemoryStore(**options)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "message"),
+    [
+        ("5", r"timeout must be a finite number of seconds >= 0, not str '5'; pass it as a "
+         r"number: timeout=5\.0"),
+        (None, "timeout must be a finite number of seconds >= 0, not NoneType None"),
+        (True, "timeout must be a finite number of seconds >= 0, not bool True"),
+    ],
+)  # fmt: skip
+def test_a_timeout_that_is_not_a_number_is_a_type_error(
+    tmp_path: Path, timeout: object, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        SqliteChatMemoryStore(tmp_path / "x.db", timeout=timeout)  # type: ignore[arg-type]
+    assert not (tmp_path / "x.db").exists()  # refused before the file is made
+
+
+def test_a_timeout_of_zero_is_allowed(tmp_path: Path) -> None:
+    with SqliteChatMemoryStore(tmp_path / "x.db", timeout=0) as store:
+        store.update_messages("c", [user("a")])
+        assert texts(store.get_messages("c")) == ["a"]
 
 
 def test_synchronous_is_applied(path: Path) -> None:
@@ -198,6 +226,84 @@ def test_update_messages_writes_the_difference(
     window = [window[1], window[0], *window[2:]]
     store.update_messages("c", window)  # the order changes: the window is written again
     assert texts(store.get_messages("c"))[:2] == ["2", "pinned"]
+
+
+def _numbers(raw: sqlite3.Connection, table: str = "chat_messages") -> dict[str, int]:
+    """Each row's sequence number, by the text of its message."""
+    rows = raw.execute(f"SELECT seq, message FROM {table} ORDER BY seq").fetchall()
+    return {str(getattr(message_from_json(text), "text", None)): seq for seq, text in rows}
+
+
+def test_the_newest_number_stays_held_when_its_row_is_removed(
+    store: SqliteChatMemoryStore, raw: sqlite3.Connection
+) -> None:
+    # A write that removes the newest rows and adds none moves the highest row left up to
+    # the number they had, so that the next write numbers after every number given.
+    a, b, c, d = user("a"), user("b"), user("c"), user("d")
+    store.apply_changes("k", appended=[a, b, c], removed=[])
+    first = _numbers(raw)
+    store.apply_changes("k", appended=[], removed=[a.message_id])  # not the newest: kept
+    assert _numbers(raw) == {"b": first["b"], "c": first["c"]}
+    store.apply_changes("k", appended=[], removed=[c.message_id])  # the newest
+    assert _numbers(raw) == {"b": first["c"]}
+    store.apply_changes("k", appended=[c], removed=[])
+    assert _numbers(raw) == {"b": first["c"], "c": first["c"] + 1}
+    store.update_messages("k", [c])  # update_messages removing the oldest: kept
+    assert _numbers(raw) == {"c": first["c"] + 1}
+    store.update_messages("k", [c, d])
+    store.update_messages("k", [c])  # and the newest
+    assert _numbers(raw) == {"c": first["c"] + 2}
+    store.update_messages("k", [c, d])
+    assert _numbers(raw) == {"c": first["c"] + 2, "d": first["c"] + 3}
+    assert texts(store.get_messages("k")) == ["c", "d"]
+
+
+def test_a_turn_renumbers_nothing(store: SqliteChatMemoryStore, raw: sqlite3.Connection) -> None:
+    raw.executescript(
+        """
+        CREATE TABLE updates (n INTEGER NOT NULL);
+        INSERT INTO updates VALUES (0);
+        CREATE TRIGGER count_updates AFTER UPDATE ON chat_messages
+            BEGIN UPDATE updates SET n = n + 1; END;
+        """
+    )
+    memory = MessageWindowChatMemory(4, id="k", store=store)
+    for i in range(10):
+        memory.add(UserMessage(f"q{i}"), AiMessage(f"a{i}"))
+    assert texts(memory.messages()) == ["q8", "a8", "q9", "a9"]
+    assert raw.execute("SELECT n FROM updates").fetchone() == (0,)
+
+
+def test_clearing_the_window_beside_older_history_keeps_its_last_number(path: Path) -> None:
+    a, b = user("a"), user("b")
+    with SqliteChatMemoryStore(path, keep_history=True) as keeping:
+        keeping.apply_changes("x", appended=[a, b], removed=[])
+        keeping.apply_changes("x", appended=[], removed=[a.message_id])
+    with SqliteChatMemoryStore(path) as plain, sqlite3.connect(path) as raw:
+        top = _numbers(raw)["b"]
+        plain.delete_messages("x")  # the history holds a lower number: it moves up
+        assert _numbers(raw, "chat_messages_history") == {"a": top}
+        plain.apply_changes("x", appended=[b], removed=[])
+        assert _numbers(raw) == {"b": top + 1}
+        assert [e.message for e in plain.get_history("x")] == [a, b]
+    raw.close()
+
+
+def test_a_file_written_by_the_previous_version_is_used_as_it_is(path: Path) -> None:
+    # The numbering needs no change of schema: a file of version 1 is read and written, and
+    # stays version 1, so processes of either version share it.
+    with SqliteChatMemoryStore(path) as store:
+        store.update_messages("c", [user("a"), user("b")])
+    with sqlite3.connect(path) as raw:
+        tables = raw.execute("SELECT name FROM sqlite_schema WHERE type = 'table'").fetchall()
+        assert sorted(tables) == [
+            ("chat_messages",),
+            ("chat_messages_history",),
+            ("chat_messages_schema",),
+        ]
+        version = raw.execute("SELECT value FROM chat_messages_schema WHERE name = 'version'")
+        assert version.fetchone() == ("1",)
+    raw.close()
 
 
 def test_a_rewrite_keeps_each_message_once_in_history(path: Path) -> None:
@@ -560,6 +666,26 @@ def _open_new_file(path: str, start: Any, results: Any) -> None:
         results.put("ok")
     except Exception as exc:
         results.put(repr(exc))
+
+
+def test_a_file_another_process_creates_as_it_is_opened_is_not_taken_for_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The file appears between the store's look at it and its check of the permissions, as
+    # when another process opens the same new file at that moment.
+    path = tmp_path / "new.db"
+    access = os.access
+
+    def racing_access(target: Any, mode: int) -> bool:
+        allowed = access(target, mode)
+        if os.fspath(target) == str(path) and not path.exists():
+            sqlite3.connect(path).close()  # the other process
+        return allowed
+
+    monkeypatch.setattr(os, "access", racing_access)
+    with SqliteChatMemoryStore(path) as store:
+        store.update_messages("c", [user("a")])
+        assert texts(store.get_messages("c")) == ["a"]
 
 
 def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:

@@ -224,6 +224,24 @@ def test_duplicate_message_ids_are_refused_and_change_nothing(store: Any) -> Non
     assert dumps(store.get_messages("c")) == dumps([a, b])
 
 
+def test_a_text_given_for_a_list_is_a_type_error_and_changes_nothing(store: Any) -> None:
+    # A str is a sequence of its characters: taken as a list, "abc" would remove the
+    # messages with ids "a", "b" and "c", and "hi" would be stored as two broken messages.
+    a = user("kept", message_id="a")
+    store.apply_changes("c", appended=[a], removed=[])
+    with pytest.raises(TypeError, match="removed must be a list of message ids, not str 'abc'"):
+        store.apply_changes("c", appended=[user("new")], removed="abc")
+    with pytest.raises(TypeError, match="appended must be a list of chat messages, not str"):
+        store.apply_changes("c", appended="hi", removed=[])
+    with pytest.raises(TypeError, match="appended must be a list of chat messages, not one"):
+        store.apply_changes("c", appended=user("one"), removed=[])
+    with pytest.raises(TypeError, match="messages must be a list of chat messages, not str 'hi'"):
+        store.update_messages("c", "hi")
+    with pytest.raises(TypeError, match=r"not one message UserMessage\(.*put it in a list"):
+        store.update_messages("c", user("one"))
+    assert dumps(store.get_messages("c")) == dumps([a])
+
+
 def test_a_duplicate_after_new_messages_is_the_one_named(store: Any) -> None:
     stored = user("stored")
     store.apply_changes("c", appended=[stored], removed=[])
@@ -644,6 +662,15 @@ def test_a_history_only_message_whose_id_is_stored_is_a_duplicate(history_store:
     twin = user("twin", message_id=kept.message_id)
     with pytest.raises(ValueError, match="appears twice"):
         history_store.apply_changes("c", appended=[user("new")], removed=[], history_only=[twin])
+    assert history_view(history_store.get_history("c")) == [("kept", False)]
+
+
+def test_a_history_only_message_whose_id_is_appended_is_a_duplicate(history_store: Any) -> None:
+    kept = user("kept")
+    history_store.apply_changes("c", appended=[kept], removed=[])
+    passing, twin = user("passing", message_id="7"), user("twin", message_id="7")
+    with pytest.raises(ValueError, match="'7' appears twice"):
+        history_store.apply_changes("c", appended=[twin], removed=[], history_only=[passing])
     assert history_view(history_store.get_history("c")) == [("kept", False)]
 
 
