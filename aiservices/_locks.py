@@ -44,8 +44,11 @@ def enter(lock: TurnLock) -> Entered:
     return Entered(lock)
 
 
-def leave(entered: Entered) -> None:
-    """Undo `enter`, here and in the contexts copied from this one meanwhile."""
+def leave(entered: Entered | None) -> None:
+    """Undo `enter` (``None``: nothing was entered), here and in the contexts copied from
+    this one meanwhile."""
+    if entered is None:
+        return
     entered.lock = None
     _entered.reset(entered.token)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import aerase, erase, settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
-from ._locks import enter, leave
+from ._locks import Entered, enter, leave
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._threads import Stopped, in_thread, is_async
 from ._turn import (
@@ -130,12 +130,11 @@ def _events(state: ServiceState, call: Call, box: ResultBox) -> Generator[Stream
                             yield ToolCallStarted(request)
                             # (Entered and left between two yields: the reader's context
                             # is this generator's only while it asks for the next event.)
-                            entered = None if conversation is None else enter(conversation.lock)
+                            entered = _entered(conversation)
                             try:
                                 execution = toolbox.execute(request, memory_id, context, observer)
                             finally:
-                                if entered is not None:
-                                    leave(entered)
+                                leave(entered)
                             value.append(execution)
                             yield ToolCallFinished(execution)
                     elif op == SAY:
@@ -202,7 +201,7 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
     # What is left runs the caller's code (tools, guardrails, retrievers) inside the turn.
-    entered = None if conversation is None else enter(conversation.lock)
+    entered = _entered(conversation)
     try:
         if op in (CALL, FETCH):
             function, call_args = argument
@@ -218,8 +217,7 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         toolbox, requests, memory_id, context, observer = argument
         return toolbox.execute_all(requests, memory_id, context, observer)
     finally:
-        if entered is not None:
-            leave(entered)
+        leave(entered)
 
 
 def _streamed(model: ChatModel, request: ChatRequest) -> Generator[TextDelta, None, ChatResponse]:
@@ -403,7 +401,7 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
             await aerase(conversation)  # type: ignore[arg-type]
         conversations.drop_held(conversation, key, forgotten=how == "forget")
         return None
-    entered = None if conversation is None else enter(conversation.lock)
+    entered = _entered(conversation)
     try:
         if op == CALL:
             function, call_args = argument
@@ -423,8 +421,7 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         toolbox, requests, memory_id, context, observer = argument
         return await toolbox.aexecute_all(requests, memory_id, context, observer)
     finally:
-        if entered is not None:
-            leave(entered)
+        leave(entered)
 
 
 def _called(function: Callable[..., Any], args: tuple[Any, ...], *, fetch: bool) -> Any:
@@ -462,6 +459,12 @@ def _amemory(
 
 
 # -- shared by the drivers --------------------------------------------------------------
+
+
+def _entered(conversation: Conversation | None) -> Entered | None:
+    """Mark the caller's code run from here (a tool, a guardrail) as inside the turn holding
+    ``conversation``, so that a call back into it is refused instead of waiting forever."""
+    return None if conversation is None else enter(conversation.lock)
 
 
 def _observe(conversation: Conversation, request: ChatRequest, response: ChatResponse) -> None:
