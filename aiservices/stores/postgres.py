@@ -464,7 +464,12 @@ class PostgresChatMemoryStore:
             self._run(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
-            raise self._duplicate(memory_id, [*history_only, *appended], removed) from None
+            ids = [m.message_id for m in (*history_only, *appended)]
+            try:
+                rows = self._run(self._find_ids_op(memory_id, ids), transaction=False)
+            except psycopg.Error:
+                rows = []
+            raise self._duplicate(memory_id, ids, rows, removed) from None
         self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             self._purge_by_retention()
@@ -579,7 +584,12 @@ class PostgresChatMemoryStore:
             await self._arun(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
-            raise self._duplicate(memory_id, [*history_only, *appended], removed) from None
+            ids = [m.message_id for m in (*history_only, *appended)]
+            try:
+                rows = await self._arun(self._find_ids_op(memory_id, ids), transaction=False)
+            except psycopg.Error:
+                rows = []
+            raise self._duplicate(memory_id, ids, rows, removed) from None
         self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             await self._apurge_by_retention()
@@ -911,18 +921,20 @@ class PostgresChatMemoryStore:
         if exc.diag.constraint_name != self._sql.names["message_id"]:
             raise exc
 
-    def _duplicate(
-        self, memory_id: Hashable, appended: Sequence[ChatMessage], removed: Collection[str]
-    ) -> ValueError:
-        # The write was rolled back; find which appended id is stored, to name it.
+    def _find_ids_op(self, memory_id: Hashable, ids: list[str | None]) -> _Op:
+        """The query for which of ``ids`` the conversation holds."""
         key, _ = _file_key(memory_id)
-        ids = [m.message_id for m in appended]
-        try:
-            rows = self._run(
-                _single(_Query(self._sql.find_ids, (key, ids), fetch=True)), transaction=False
-            )
-        except psycopg.Error:
-            rows = []
+        return _single(_Query(self._sql.find_ids, (key, ids), fetch=True))
+
+    def _duplicate(
+        self,
+        memory_id: Hashable,
+        ids: list[str | None],
+        rows: Sequence[tuple[str]],
+        removed: Collection[str],
+    ) -> ValueError:
+        """The error naming the appended id the conversation already held (``rows``: what
+        `_find_ids_op` found once the write was rolled back)."""
         stored = {mid for (mid,) in rows} - set(removed)
         return duplicate_id_error(next((i for i in ids if i in stored), ids[0]), memory_id)
 

@@ -620,6 +620,24 @@ async def test_a_given_async_pool_is_used_and_left_open(dsn: str, table: str) ->
                 await conn.execute("SELECT 1")
 
 
+async def test_an_async_duplicate_is_named_without_blocking_the_event_loop(
+    dsn: str, table: str
+) -> None:
+    # Naming the stored id takes a query after the rollback: an async write asks it through
+    # the async pool, never with a blocking call on the event loop.
+    async with AsyncConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool:
+        with ConnectionPool(dsn, min_size=1, max_size=1, open=True) as sync_pool:
+            store = PostgresChatMemoryStore(sync_pool, table=table, async_pool=pool)
+            a, b = user("a"), user("b")
+            await store.aapply_changes("c", appended=[a, b], removed=[])
+            twin = UserMessage("twin", message_id=b.message_id)
+            with pytest.raises(ValueError, match=f"message_id '{b.message_id}' appears twice"):
+                await store.aapply_changes("c", appended=[user("new"), twin], removed=[])
+            assert sync_pool.get_stats().get("requests_num", 0) == 0
+            assert texts(await store.aget_messages("c")) == ["a", "b"]
+            await store.aclose()
+
+
 async def test_a_given_pool_without_an_async_one_works_from_a_thread(dsn: str, table: str) -> None:
     with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
         store = PostgresChatMemoryStore(pool, table=table)
