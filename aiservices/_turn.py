@@ -533,8 +533,14 @@ def turn(state: ServiceState, call: Call) -> Turn:
                 for guardrail in plan.output_guardrails:
                     replaced = yield CALL, (guardrail, (checked,))
                     if replaced is not None:
-                        checked = _checked_answer(replaced, guardrail)
-                        replacer = guardrail
+                        replacement = _checked_answer(replaced, guardrail)
+                        # One that hands the answer on (a guardrail that only audits) or
+                        # writes back what it was given replaces nothing.
+                        if replacement.text != checked.text:
+                            replacer = guardrail
+                        checked = replacement
+                if replacer is not None and checked.text == answer.text:
+                    replacer = None  # changed, then changed back: the model's own words
             except Reprompt as reprompt:
                 if reprompts >= state.max_output_retries:
                     raise GuardrailError(

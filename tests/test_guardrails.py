@@ -442,3 +442,34 @@ def test_a_guardrails_replacement_that_does_not_parse_fails_at_once_naming_it() 
         bot.count("x")
     assert caught.value.raw_text == "not a number"
     assert len(model.requests) == 1  # the model was not asked to correct what it never wrote
+
+
+@pytest.mark.parametrize("hands_on", ["the message", "its text", "a copy", "changed back"])
+def test_a_guardrail_that_hands_the_answer_on_keeps_parse_retries(hands_on: str) -> None:
+    # An auditing guardrail returns what it was given: the answer is still the model's, so
+    # an answer that does not parse is sent back to be corrected, as without the guardrail.
+    seen: list[str] = []
+
+    def audit(message: AiMessage) -> AiMessage | str:
+        seen.append(message.text or "")
+        if hands_on == "the message":
+            return message
+        if hands_on == "its text":
+            return message.text or ""
+        return AiMessage(message.text)
+
+    def rewrite(message: AiMessage) -> str:
+        return "something else"
+
+    def restore(message: AiMessage) -> str:
+        return seen[-1]  # what the model wrote
+
+    class Counter(Protocol):
+        def count(self, text: str) -> int: ...
+
+    model = ScriptedChatModel("about forty-two", "42")
+    guards = [audit] if hands_on != "changed back" else [audit, rewrite, restore]
+    bot = ai_service(Counter, model=model, output_guardrails=guards, max_output_retries=1)
+    assert bot.count("How many?") == 42
+    assert len(model.requests) == 2
+    assert seen[0] == "about forty-two"
