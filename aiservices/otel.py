@@ -40,6 +40,7 @@ __all__ = ["OpenTelemetryListener", "observe_conversations"]
 _CALL = "aiservices.otel.call"
 _CHAT = "aiservices.otel.chat"
 _TOOLS = "aiservices.otel.tools"
+_USED = "aiservices.otel.usage"  # the usage of the call's rounds so far
 
 
 def _usage(span: Span, usage: TokenUsage | None) -> None:
@@ -87,10 +88,15 @@ class OpenTelemetryListener:
         )
 
     def on_response(self, call: CallInfo, request: ChatRequest, response: ChatResponse) -> None:
+        used = response.token_usage
+        if used is not None:
+            # A call that fails later was still billed for its rounds: its span says so.
+            so_far: TokenUsage | None = call.attributes.get(_USED)
+            call.attributes[_USED] = used if so_far is None else so_far + used
         span: Span | None = call.attributes.pop(_CHAT, None)
         if span is None:
             return
-        _usage(span, response.token_usage)
+        _usage(span, used)
         if response.finish_reason:
             span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
         span.end()
@@ -120,19 +126,23 @@ class OpenTelemetryListener:
 
     def on_call_end(self, call: CallInfo, result: Any) -> None:
         span: Span | None = call.attributes.pop(_CALL, None)
+        used = call.attributes.pop(_USED, None)
         if span is None:
             return
-        _usage(span, getattr(result, "token_usage", None))
+        _usage(span, getattr(result, "token_usage", used))
         span.end()
 
     def on_error(self, call: CallInfo, error: BaseException) -> None:
         # A stream its reader closed before the end (a "stop" button, a client gone) did
         # not fail: its spans end without an error, marked as closed early.
         closed = isinstance(error, GeneratorExit)
+        call_span: Span | None = call.attributes.pop(_CALL, None)
         spans: list[Span] = [
-            span for key in (_CHAT, _CALL) if (span := call.attributes.pop(key, None))
+            span for span in (call.attributes.pop(_CHAT, None), call_span) if span is not None
         ]
         tools: list[Span] = list(call.attributes.pop(_TOOLS, {}).values())
+        if call_span is not None:
+            _usage(call_span, call.attributes.pop(_USED, None))
         for span in spans:
             if not closed:
                 span.record_exception(error)

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
+from aiservices import MemoryId, MessageWindowChatMemory, OutputParseError, ai_service, tool
 from aiservices.models import TokenUsage
 from aiservices.otel import OpenTelemetryListener
 from aiservices.testing import ScriptedChatModel, tool_call, tool_calls
@@ -76,6 +76,33 @@ def test_a_failed_call_ends_its_spans_with_an_error(exporter: InMemorySpanExport
     spans = exporter.get_finished_spans()
     assert {s.name for s in spans} == {"invoke_agent Bot.chat", "chat scripted"}
     assert all(s.status.status_code is StatusCode.ERROR for s in spans)
+
+
+def test_a_failed_call_reports_the_usage_of_the_rounds_it_paid_for(
+    exporter: InMemorySpanExporter,
+) -> None:
+    # A tool round, then an answer that does not parse and one more that does not: three
+    # rounds billed, and the call failed.
+    class Counter(Protocol):
+        def count(self, text: str) -> int: ...
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    model = ScriptedChatModel(tool_call("double", n=21), "many", "lots", usage=TokenUsage(100, 10))
+    bot = ai_service(
+        Counter,
+        model=model,
+        tools=[double],
+        max_output_retries=1,
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+    )
+    with pytest.raises(OutputParseError):
+        bot.count("how many?")
+    call = next(s for s in exporter.get_finished_spans() if s.name.startswith("invoke_agent"))
+    assert call.status.status_code is StatusCode.ERROR
+    assert call.attributes is not None
+    assert call.attributes["gen_ai.usage.input_tokens"] == 300
+    assert call.attributes["gen_ai.usage.output_tokens"] == 30
 
 
 def test_a_stream_closed_by_its_reader_is_no_failure(exporter: InMemorySpanExporter) -> None:
