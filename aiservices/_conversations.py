@@ -372,10 +372,11 @@ class Conversations:
 def _reentered(memory_id: Hashable) -> Reentered:
     return Reentered(
         f"a call on the conversation {memory_id!r} was made from inside a call that holds it "
-        "(its tool, guardrail or retriever called the service again), and would wait for "
-        "itself forever. Give the inner call a memory id of its own, or make it on a service "
-        "without this memory (a method without a MemoryId parameter shares the service's "
-        "conversation)"
+        "(its tool, guardrail or retriever, or the code reading its stream, called the "
+        "service again), and would wait for itself forever. Give the inner call a memory id "
+        "of its own, or make it on a service without this memory (a method without a "
+        "MemoryId parameter shares the service's conversation); a stream's reader may call "
+        "once it has seen TurnCompleted or the stream has ended"
     )
 
 

@@ -50,7 +50,12 @@ def leave(entered: Entered | None) -> None:
     if entered is None:
         return
     entered.lock = None
-    _entered.reset(entered.token)
+    try:
+        _entered.reset(entered.token)
+    except ValueError:
+        # Left from another context than the one entered (a stream read on by another
+        # thread): the mark there is spent already, as its lock is gone.
+        pass
 
 
 def _inside(lock: TurnLock) -> bool:

@@ -85,14 +85,14 @@ def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) ->
     """Start a streaming call: bind now, run when the first chunk is asked for."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return TextStream(_texts(_opened(call, _events(state, call, box))), box)
+    return TextStream(_texts(_opened(call, _marked(call, _events(state, call, box)))), box)
 
 
 def events_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> EventStream:
     """Start a call that streams its events: bind now, run when the first is asked for."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return EventStream(_opened(call, _events(state, call, box)), box)
+    return EventStream(_opened(call, _marked(call, _events(state, call, box))), box)
 
 
 def _texts(events: Generator[StreamEvent, None, None]) -> Generator[str, None, None]:
@@ -100,6 +100,23 @@ def _texts(events: Generator[StreamEvent, None, None]) -> Generator[str, None, N
         for event in events:
             if type(event) is TextDelta:
                 yield event.text
+    finally:
+        events.close()
+
+
+def _marked(
+    call: Call, events: Generator[StreamEvent, None, None]
+) -> Generator[StreamEvent, None, None]:
+    """``events``, with the reader's code between two of them marked as inside the turn
+    while the stream holds its conversation: a call back into it from there is refused
+    instead of waiting for a stream that only that caller can move on."""
+    try:
+        for event in events:
+            entered = None if type(event) is TurnCompleted else _entered(call.conversation)
+            try:
+                yield event
+            finally:
+                leave(entered)
     finally:
         events.close()
 
@@ -275,14 +292,14 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncTextStream(_atexts(_opened(call, _aevents(state, call, box))), box)
+    return AsyncTextStream(_atexts(_opened(call, _amarked(call, _aevents(state, call, box)))), box)
 
 
 def events_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncEventStream:
     """Start an async call that streams its events: bind now, run when the first is awaited."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncEventStream(_opened(call, _aevents(state, call, box)), box)
+    return AsyncEventStream(_opened(call, _amarked(call, _aevents(state, call, box))), box)
 
 
 async def _atexts(events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[str, None]:
@@ -290,6 +307,21 @@ async def _atexts(events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[s
         async for event in events:
             if type(event) is TextDelta:
                 yield event.text
+    finally:
+        await events.aclose()
+
+
+async def _amarked(
+    call: Call, events: AsyncGenerator[StreamEvent, None]
+) -> AsyncGenerator[StreamEvent, None]:
+    """`_marked` for async streams."""
+    try:
+        async for event in events:
+            entered = None if type(event) is TurnCompleted else _entered(call.conversation)
+            try:
+                yield event
+            finally:
+                leave(entered)
     finally:
         await events.aclose()
 

@@ -1,11 +1,12 @@
 """A call made from inside a call on the same conversation (by its tool, guardrail or
-retriever) is refused at once instead of waiting for itself forever."""
+retriever, or by the code reading its stream) is refused at once instead of waiting for
+itself forever."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any, Protocol
 
 import pytest
@@ -15,6 +16,9 @@ from aiservices import (
     ChatMemoryAccess,
     MemoryId,
     MessageWindowChatMemory,
+    StreamEvent,
+    TextDelta,
+    TurnCompleted,
     ai_service,
     tool,
     user_message,
@@ -190,3 +194,104 @@ def test_a_task_a_tool_leaves_running_waits_its_turn_afterwards() -> None:
         return [*answers, str(len(bot.get_chat_memory("u").messages()))]
 
     assert _within(10, lambda: asyncio.run(scenario())) == ["outer", "slow", "follow-up", "8"]
+
+
+class Streams(Protocol):
+    def events(self, user: Annotated[str, MemoryId], text: str) -> Iterator[StreamEvent]: ...
+
+    def tell(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+
+    def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    async def aevents(
+        self, user: Annotated[str, MemoryId], text: str
+    ) -> AsyncIterator[StreamEvent]: ...
+
+    async def achat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+def _streams() -> Any:
+    return ai_service(
+        Streams,
+        model=ScriptedChatModel(default="hello there world", chunk_size=6),
+        chat_memory_provider=MessageWindowChatMemory.provider(20),
+    )
+
+
+def test_a_stream_reader_calling_its_conversation_before_the_end_is_refused() -> None:
+    # The stream holds the conversation until its turn is recorded, and only its reader can
+    # move it on: a call the reader makes on it meanwhile would wait forever.
+    def scenario() -> list[str]:
+        bot = _streams()
+        refused: list[str] = []
+        stream = bot.events("ada", "hi")
+        for event in stream:
+            if isinstance(event, TextDelta):
+                with pytest.raises(RuntimeError, match="code reading its stream"):
+                    bot.chat("ada", "and this?")
+                refused.append(event.text)
+            elif isinstance(event, TurnCompleted):
+                refused.append(bot.chat("ada", "now?"))  # recorded by now: no wait
+        texts = [m.text for m in bot.get_chat_memory("ada").messages()]
+        return [*refused, *map(str, texts)]
+
+    assert _within(10, scenario) == [
+        "hello ",
+        "there ",
+        "world",
+        "hello there world",
+        "hi",
+        "hello there world",
+        "now?",
+        "hello there world",
+    ]
+
+
+def test_a_text_stream_reader_calling_back_is_refused_and_the_stream_goes_on() -> None:
+    def scenario() -> str:
+        bot = _streams()
+        chunks = []
+        for chunk in bot.tell("ada", "hi"):
+            chunks.append(chunk)
+            with pytest.raises(RuntimeError, match="would wait for itself"):
+                bot.chat("ada", "and this?")
+        return "".join(chunks)
+
+    assert _within(10, scenario) == "hello there world"
+
+
+def test_an_async_stream_reader_awaiting_its_conversation_is_refused() -> None:
+    async def scenario() -> list[str]:
+        bot = _streams()
+        seen = []
+        async for event in await bot.aevents("ada", "hi"):
+            if isinstance(event, TextDelta):
+                with pytest.raises(RuntimeError, match="code reading its stream"):
+                    await bot.achat("ada", "and this?")
+                seen.append(event.text)
+        seen.append(await bot.achat("ada", "after"))
+        return seen
+
+    assert _within(10, lambda: asyncio.run(scenario())) == [
+        "hello ",
+        "there ",
+        "world",
+        "hello there world",
+    ]
+
+
+def test_a_stream_read_on_by_another_thread_lets_its_first_reader_wait() -> None:
+    # Begun on one thread and handed to another: the first thread is no longer its reader,
+    # and a call it makes on the conversation waits for the stream instead of being refused.
+    def scenario() -> list[str]:
+        bot = _streams()
+        stream = bot.tell("ada", "hi")
+        first = next(stream)
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.extend(stream))
+        reader.start()
+        answer = bot.chat("ada", "after the stream")
+        reader.join()
+        return [first + "".join(rest), answer, str(len(bot.get_chat_memory("ada").messages()))]
+
+    assert _within(10, scenario) == ["hello there world", "hello there world", "4"]
