@@ -12,6 +12,7 @@ import inspect
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
@@ -119,14 +120,22 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         async_http_client: Any,
     ) -> None:
         super().__init__(client, options)
+        if http_client is not None:
+            # Closing an SDK client closes its HTTP client: one handed in is the caller's.
+            self._owns_client = False
         self._sdk = sdk
         self._base_url = base_url
         self._http_client = http_client
         self._async_http_client = async_http_client
         self._given_async_client = async_client
         # Each closed in its own loop when asyncio.run() ends that loop: left to the garbage
-        # collector, the SDK would schedule its closing in whichever loop runs then.
-        self._async_clients: PerLoop[AsyncT] = PerLoop(aclose=_aclose)
+        # collector, the SDK would schedule its closing in whichever loop runs then. Those
+        # made around an HTTP client handed in are never closed: that would close it.
+        self._closes_async = async_http_client is None
+        self._http_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._async_clients: PerLoop[AsyncT] = PerLoop(
+            aclose=_aclose if self._closes_async else None
+        )
 
     def __repr__(self) -> str:
         where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
@@ -138,14 +147,33 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
     def _async_client(self) -> AsyncT:
         if self._given_async_client is not None:
             return self._given_async_client
+        if not self._closes_async:
+            self._check_http_loop()
         # One client per event loop: an async connection pool cannot outlive the loop it was
         # made in, and users do call asyncio.run() more than once.
         return self._async_clients.get(
             lambda: self._sdk[1](**self._connection_options(), http_client=self._async_http_client)
         )
 
+    def _check_http_loop(self) -> None:
+        """Refuse a second event loop for the async HTTP client handed in: its connections
+        belong to the loop it was first used in, and would fail obscurely in another."""
+        loop = asyncio.get_running_loop()
+        first = self._http_loop() if self._http_loop is not None else None
+        if first is None and self._http_loop is None:
+            self._http_loop = weakref.ref(loop)
+        elif first is not loop:
+            raise RuntimeError(
+                f"{type(self).__name__} was given async_http_client=, which was first used "
+                "in another event loop (an earlier asyncio.run(), or another thread's loop): "
+                "an async HTTP client's connections belong to one loop. Give the adapter no "
+                "async_http_client (it then makes one client per loop), or make a new "
+                "adapter, with a new HTTP client, for each loop"
+            )
+
     def close(self) -> None:
-        """Close the SDK clients this model made (those handed in are left open).
+        """Close the SDK clients this model made (those handed in are left open, and so are
+        the HTTP clients handed in).
 
         An async client is closed in its own event loop: at once if that loop is idle, soon
         if it is running; one whose loop has already closed was closed when asyncio.run()
@@ -153,12 +181,13 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         """
         self._close_client()
         for loop, client in self._async_clients.pop_all():
-            close_in_loop(loop, client.close)
+            if self._closes_async:
+                close_in_loop(loop, client.close)
 
     async def aclose(self) -> None:
         """Close the SDK clients this model made, this event loop's async one awaited."""
         client = self._async_clients.pop()
-        if client is not None:
+        if client is not None and self._closes_async:
             await client.close()
         # In a thread: closing another loop's client may run that loop, which this thread,
         # running this one, cannot.

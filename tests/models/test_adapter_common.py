@@ -75,6 +75,33 @@ def test_close_closes_the_async_client_of_a_loop_still_open(
         loop.close()
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_http_clients_handed_in_stay_open_and_an_async_one_stays_in_its_loop(
+    request: pytest.FixtureRequest, provider: str
+) -> None:
+    import httpx2
+
+    http, async_http = httpx2.Client(), httpx2.AsyncClient()
+    first = _model_answering(request, provider, answers=2)  # (for the server's fixtures)
+    make = request.getfixturevalue(f"{provider}_model")
+    model = make(http_client=http, async_http_client=async_http)
+    first.close()
+    with asyncio.Runner() as runner:
+        assert runner.run(model.achat(REQUEST)).ai_message.text == "Hello"
+        loop = runner.get_loop()
+        loop.run_until_complete(loop.shutdown_asyncgens())  # as the end of asyncio.run() does
+        assert not async_http.is_closed  # the caller's, not the adapter's
+        with pytest.raises(RuntimeError, match="first used in another event loop"):
+            asyncio.run(model.achat(REQUEST))  # its connections belong to the first loop
+        runner.run(model.aclose())
+        assert not async_http.is_closed
+        runner.run(async_http.aclose())
+    assert model.chat(REQUEST).ai_message.text == "Hello"
+    model.close()
+    assert not http.is_closed
+    http.close()
+
+
 async def _current_client(model: Any) -> Any:
     return model._async_client()
 
