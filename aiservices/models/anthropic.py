@@ -367,7 +367,10 @@ def _to_anthropic_messages(
             )
         elif isinstance(m, ToolExecutionResultMessage):
             role = "user"
-            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.id, "content": m.text}
+            # The API refuses a blank result (with is_error, and as an empty content block):
+            # a tool with no output (a write, a silent command) is sent as saying so.
+            content = m.text if _has_text(m.text) else _NO_OUTPUT[bool(m.is_error)]
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.id, "content": content}
             if m.is_error:
                 block["is_error"] = True  # the model then knows the call failed
             blocks = [block]
@@ -418,6 +421,9 @@ def _sdk_errors(events: Any) -> contextlib.AbstractContextManager[None]:
 def _needs_stream(error: ValueError) -> bool:
     # The SDK's own refusal, made before any request is sent.
     return str(error).startswith("Streaming is required")
+
+
+_NO_OUTPUT: Final = ("(the tool returned no output)", "(the tool failed without a message)")
 
 
 def _has_text(text: str | None) -> bool:

@@ -825,6 +825,34 @@ def test_native_structured_output_moves_refused_keywords_into_descriptions(
     assert "minimum: 0" in json.dumps(sent)  # the model still reads the limits
 
 
+def test_a_tool_result_without_output_is_sent_as_saying_so(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # The API refuses a blank tool result; the memory keeps what the tool returned.
+    anthropic_server.reply_text("Saved.")
+    history = [
+        UserMessage("Save it"),
+        AiMessage(
+            tool_execution_requests=[
+                ToolExecutionRequest("toolu_1", "save", "{}"),
+                ToolExecutionRequest("toolu_2", "log", "{}"),
+                ToolExecutionRequest("toolu_3", "echo", "{}"),
+            ]
+        ),
+        ToolExecutionResultMessage("toolu_1", "save", ""),
+        ToolExecutionResultMessage("toolu_2", "log", " ", is_error=True),
+        ToolExecutionResultMessage("toolu_3", "echo", "done"),
+    ]
+    anthropic_model().chat(ChatRequest(history))
+    blocks = anthropic_server.bodies[0]["messages"][-1]["content"]
+    assert [b["content"] for b in blocks] == [
+        "(the tool returned no output)",
+        "(the tool failed without a message)",
+        "done",
+    ]
+    assert [b.get("is_error") for b in blocks] == [None, True, None]
+
+
 def test_a_failed_tool_result_is_marked_as_an_error(
     anthropic_server: AnthropicServer, anthropic_model: Make
 ) -> None:
