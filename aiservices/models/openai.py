@@ -508,12 +508,28 @@ def _response(completion: Any) -> ChatResponse:
         # as the stream's deltas are read.
         if call.type in ("function", None) and getattr(call, "function", None) is not None
     ]
+    legacy = getattr(message, "function_call", None)
+    if not requests and legacy is not None and legacy.name:
+        # The deprecated single-call form, which some compatible servers still answer with.
+        requests = [ToolExecutionRequest(_new_call_id(), legacy.name, legacy.arguments or "{}")]
     usage = completion.usage
     return ChatResponse(
         AiMessage(text, requests),
         TokenUsage(usage.prompt_tokens, usage.completion_tokens) if usage is not None else None,
         _FINISH_REASONS.get(reason, reason) if reason is not None else None,
     )
+
+
+class _LegacyCall:
+    """A deprecated ``function_call`` delta, read as the first tool call's piece."""
+
+    __slots__ = ("function",)
+
+    index = 0
+    id = None
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
 
 
 def _new_call_id() -> str:
@@ -573,6 +589,9 @@ class _StreamAccumulator:
         if delta.tool_calls:
             for position, call in enumerate(delta.tool_calls):
                 self._add_call(position, call)
+        elif getattr(delta, "function_call", None) is not None:
+            # The deprecated single-call form: one call, its pieces as a tool call's.
+            self._add_call(0, _LegacyCall(delta.function_call))
         text = _text_of(delta.content)
         if text:
             self._text.append(text)

@@ -1096,3 +1096,30 @@ def test_a_server_refusing_the_json_schema_format_is_told_the_fix(
     with pytest.raises(openai.InternalServerError) as streamed:
         list(model.stream(ask(response_format=fmt)))
     assert 'structured_output="json_object"' in "".join(streamed.value.__notes__)
+
+
+def test_the_deprecated_function_call_form_is_read_as_a_tool_call(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # Some compatible servers still answer in the single-call form that preceded tool_calls.
+    body = completion(None, finish_reason="function_call")
+    body["choices"][0]["message"]["function_call"] = {"name": "f", "arguments": '{"a": 1}'}
+    openai_server.reply_body(body)
+    openai_server.reply_raw_stream(
+        [
+            _piece({"role": "assistant", "function_call": {"name": "f", "arguments": ""}}),
+            _piece({"function_call": {"arguments": '{"a": '}}),
+            _piece({"function_call": {"arguments": "1}"}}),
+            _piece({}, "function_call"),
+        ]
+    )
+    model = openai_model()
+
+    answered = model.chat(ask())
+    _, streamed = split_stream(list(model.stream(ask())))
+
+    for response in (answered, streamed):
+        (request,) = response.ai_message.tool_execution_requests
+        assert (request.name, request.arguments) == ("f", '{"a": 1}')
+        assert request.id.startswith("call_")
+        assert response.finish_reason == "tool_calls"
