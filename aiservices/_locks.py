@@ -7,6 +7,7 @@ side resolves on the task's own loop. Ownership passes straight to the next wait
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from contextvars import ContextVar, Token
@@ -50,12 +51,10 @@ def leave(entered: Entered | None) -> None:
     if entered is None:
         return
     entered.lock = None
-    try:
+    # Left from another context than the one entered (a stream read on by another thread),
+    # the token can't be reset: the mark there is spent already, as its lock is gone.
+    with contextlib.suppress(ValueError):
         _entered.reset(entered.token)
-    except ValueError:
-        # Left from another context than the one entered (a stream read on by another
-        # thread): the mark there is spent already, as its lock is gone.
-        pass
 
 
 def _inside(lock: TurnLock) -> bool:
