@@ -7,7 +7,6 @@ side resolves on the task's own loop. Ownership passes straight to the next wait
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import deque
 from contextvars import ContextVar, Token
@@ -51,10 +50,13 @@ def leave(entered: Entered | None) -> None:
     if entered is None:
         return
     entered.lock = None
-    # Left from another context than the one entered (a stream read on by another thread),
-    # the token can't be reset: the mark there is spent already, as its lock is gone.
-    with contextlib.suppress(ValueError):
+    # (try rather than contextlib.suppress: this runs around every tool a turn runs.)
+    try:  # noqa: SIM105
         _entered.reset(entered.token)
+    except ValueError:
+        # Left from another context than the one entered (a stream read on by another
+        # thread): the mark there is spent already, as its lock is gone.
+        pass
 
 
 def _inside(lock: TurnLock) -> bool:
