@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any
 
-from ._locks import Reentered, TurnLock
+from ._locks import LoopBlocked, Reentered, TurnLock
 from .memory import ChatMemory
 from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider, is_own_store
 from .stores._base import store_key
@@ -402,12 +402,15 @@ def erase(memory: ChatMemory) -> None:
 async def aerase(entry: Conversation) -> None:
     """`erase` ``entry``'s memory without blocking the event loop, to its end even when the
     caller is cancelled meanwhile."""
-    if entry.blocking:
-        import asyncio
+    import asyncio
 
-        await settled(asyncio.to_thread(erase, entry.memory))
-    else:
-        erase(entry.memory)
+    if not entry.blocking:
+        try:
+            erase(entry.memory)
+            return
+        except LoopBlocked:
+            pass  # a task of this loop has the memory, or is queued for it: wait in a thread
+    await settled(asyncio.to_thread(erase, entry.memory))
 
 
 async def settled(write: Coroutine[Any, Any, Any]) -> Any:

@@ -15,11 +15,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import asyncio
 
-__all__ = ["Entered", "Reentered", "TurnLock", "enter", "leave"]
+__all__ = ["Entered", "LoopBlocked", "Reentered", "TurnLock", "enter", "leave"]
 
 
 class Reentered(RuntimeError):
     """A call waited for a lock that the call it runs inside holds: it would wait forever."""
+
+
+class LoopBlocked(RuntimeError):
+    """A blocking wait on an event loop's thread for a lock that a task of that loop holds
+    or waits for: the task could never go on. Raised before the lock is waited for."""
 
 
 # The locks held by the turns whose code (a tool, a guardrail, a retriever) runs in this
@@ -97,7 +102,7 @@ class TurnLock:
             if _inside(self):
                 raise Reentered(_REENTERED)
             if self._blocks_a_task_here():
-                raise RuntimeError(
+                raise LoopBlocked(
                     "a blocking call waits for a conversation that a task of the event loop "
                     "running in this thread holds or waits for: that task could never go on. "
                     "From async code, await the async method (and leave a memory_scope with "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import aerase, erase, settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
-from ._locks import Entered, enter, leave
+from ._locks import Entered, LoopBlocked, enter, leave
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._threads import Stopped, in_thread, is_async
 from ._turn import (
@@ -408,12 +408,16 @@ async def _ahold(state: ServiceState, call: Call) -> Conversation | None:
 async def _aperform(op: int, argument: Any, conversation: Conversation | None) -> Any:
     """Perform a turn's memory or tool operation without blocking the event loop.
 
-    A memory whose store does no I/O (``is_blocking = False``) is used directly.
+    A memory whose store does no I/O (``is_blocking = False``) is used directly, unless a
+    task of this loop has it or waits for it (its async method then waits in turn).
     """
     if op == READ:
         memory: Any = conversation.memory  # type: ignore[union-attr]
         if not conversation.blocking:  # type: ignore[union-attr]
-            return memory.messages()
+            try:
+                return memory.messages()
+            except LoopBlocked:
+                pass  # a task of this loop has the memory, or is queued for it: await it
         return await _amemory(memory, "amessages", memory.messages)
     if op == COMMIT:
         messages, request, response = argument
@@ -421,7 +425,10 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         if conversation.blocking:  # type: ignore[union-attr]
             await settled(_amemory(memory, "aadd", memory.add, *messages))
         else:
-            memory.add(*messages)
+            try:
+                memory.add(*messages)
+            except LoopBlocked:  # (raised before the add began, as for a read)
+                await settled(_amemory(memory, "aadd", memory.add, *messages))
         conversation.turns += 1  # type: ignore[union-attr]
         _observe(conversation, request, response)  # type: ignore[arg-type]
         return None

@@ -363,3 +363,48 @@ async def test_a_failed_async_turn_leaves_memory_as_it_was() -> None:
     with pytest.raises(ValueError, match="boom"):
         await bot.chat("u", "fails")
     assert [m.text for m in bot.get_chat_memory("u").messages()] == ["hello", "first"]
+
+
+def test_an_async_call_waits_for_a_thread_reading_its_memory_with_a_task_queued() -> None:
+    # A store that does no I/O is used directly by async calls. A thread holds the memory (a
+    # sync read, held up here), and a task of the call's loop waits for it too: the call
+    # waits for the thread, instead of failing as a blocking call behind its loop's task.
+    reading = threading.Event()
+    go_on = threading.Event()
+
+    class HeldUp(InMemoryChatMemoryStore):
+        __slots__ = ()
+
+        def get_messages_since(
+            self, memory_id: Hashable, since: object = None
+        ) -> tuple[list[ChatMessage], object]:
+            if threading.current_thread().name == "reader":
+                reading.set()
+                go_on.wait(5)
+            return super().get_messages_since(memory_id, since)
+
+    class Bot(ChatMemoryAccess, Protocol):
+        async def achat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(default="ok"),
+        chat_memory_provider=MessageWindowChatMemory.provider(20, store=HeldUp()),
+    )
+
+    async def scenario() -> tuple[str, int, int]:
+        memory = await bot.aget_chat_memory("alice")
+        reader = threading.Thread(target=memory.messages, name="reader", daemon=True)
+        reader.start()
+        assert await asyncio.to_thread(reading.wait, 5)
+        queued = asyncio.ensure_future(memory.amessages())
+        await asyncio.sleep(0.01)  # the task waits for the memory behind the thread
+        threading.Timer(0.05, go_on.set).start()
+        answer = await bot.achat("alice", "hi")
+        seen = await asyncio.wait_for(queued, 5)
+        reader.join(5)
+        return answer, len(seen), len(memory.messages())
+
+    answer, seen, stored = asyncio.run(scenario())
+    assert answer == "ok"
+    assert seen in (0, 2) and stored == 2
