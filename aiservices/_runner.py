@@ -112,11 +112,16 @@ def _marked(
     instead of waiting for a stream that only that caller can move on."""
     try:
         for event in events:
+            if call.closed_by_scope:
+                # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
+                return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
             try:
                 yield event
             finally:
                 leave(entered)
+            if call.closed_by_scope:
+                return
     finally:
         events.close()
 
@@ -317,11 +322,16 @@ async def _amarked(
     """`_marked` for async streams."""
     try:
         async for event in events:
+            if call.closed_by_scope:
+                # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
+                return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
             try:
                 yield event
             finally:
                 leave(entered)
+            if call.closed_by_scope:
+                return
     finally:
         await events.aclose()
 

@@ -237,6 +237,9 @@ class Call:
     # closes it there).
     loop: object = None
     info: CallInfo | None = None
+    # Set by a forgetting scope's exit for a stream it closes: one that another task or
+    # thread was reading just then could not be closed, and stops at its next event.
+    closed_by_scope: bool = False
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:

@@ -48,8 +48,10 @@ _Stream: TypeAlias = Generator[object, None, None] | AsyncGenerator[object, None
 
 class _StreamCall(Protocol):
     # What a scope reads of a stream's call: the event loop an async stream started on
-    # (None before it starts).
+    # (None before it starts); and what it sets: that it closed the stream, so that one
+    # being read elsewhere just then, which it cannot close, stops at its next event.
     loop: object
+    closed_by_scope: bool
 
 
 _current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope", default=None)
@@ -127,13 +129,16 @@ class MemoryScope:
         stuck = False
         try:
             for stream, call in self._open_streams():
+                call.closed_by_scope = True
                 try:
                     if isinstance(stream, Generator):
-                        # Running in another thread (ValueError): the exit waits for it.
+                        # Running in another thread (ValueError): it stops at its next event,
+                        # and the exit waits for that.
                         with contextlib.suppress(ValueError):
                             stream.close()
-                    else:
-                        stuck = not _close_async(stream, call.loop) or stuck
+                    elif not _close_async(stream, call.loop):
+                        stuck = True
+                        call.closed_by_scope = False  # nothing is forgotten: it goes on
                 except Exception as error:  # a stream whose close failed has still ended
                     errors.append(error)
         finally:
@@ -165,7 +170,8 @@ class MemoryScope:
         errors: list[Exception] = []
         cancelled: BaseException | None = None
         try:
-            for stream, _ in self._open_streams():
+            for stream, call in self._open_streams():
+                call.closed_by_scope = True
                 try:
                     if isinstance(stream, AsyncGenerator):
                         # To its end even when cancelled meanwhile: half closed, a stream
@@ -213,7 +219,8 @@ def _running_loop() -> object:
 
 
 async def _aclosed(stream: AsyncGenerator[object, None]) -> None:
-    # Running elsewhere (ValueError, RuntimeError): the exit waits for it to end.
+    # Running elsewhere (ValueError, RuntimeError): it stops at its next event (its call is
+    # marked closed), and the exit waits for that.
     with contextlib.suppress(ValueError, RuntimeError):
         await stream.aclose()
 

@@ -877,3 +877,81 @@ def test_a_plain_with_leaves_a_close_that_must_wait_to_the_loop_and_frees_the_co
     assert "async with memory_scope" in said
     assert "".join(again) == "Hello"
     assert [m.text for m in store.get_messages("s")] == ["again", "Hello"]
+
+
+class _Slow(ScriptedChatModel):
+    """Streams ten chunks, 100 ms apart."""
+
+    def stream(self, request: Any) -> Iterator[Any]:
+        for i in range(10):
+            time.sleep(0.1)
+            yield f"c{i} "
+        yield self.chat(request)
+
+    async def astream(self, request: Any) -> AsyncIterator[Any]:
+        for i in range(10):
+            await asyncio.sleep(0.1)
+            yield f"c{i} "
+        yield await self.achat(request)
+
+
+class _Teller(Protocol):
+    def tell(self, topic: str) -> Iterator[str]: ...
+
+    def atell(self, topic: str) -> AsyncIterator[str]: ...
+
+
+def test_an_async_stream_read_by_another_task_stops_when_its_scope_forgets() -> None:
+    # Being read just then, the stream can't be closed from the exit: it stops at its next
+    # chunk, recording nothing, and the exit waits for that chunk only (not the second the
+    # whole stream takes).
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        _Teller,
+        model=_Slow(default="done"),
+        chat_memory_provider=MessageWindowChatMemory.provider(20, store=store),
+    )
+
+    async def scenario() -> tuple[float, list[str], Hashable]:
+        got: list[str] = []
+
+        async def reader(stream: AsyncIterator[str]) -> None:
+            async for chunk in stream:
+                got.append(chunk)
+
+        async with memory_scope() as scope:
+            task = asyncio.create_task(reader(bot.atell("x")))
+            while not got:  # one chunk read: the reader waits for the next
+                await asyncio.sleep(0.01)
+            began = time.perf_counter()
+        took = time.perf_counter() - began
+        await asyncio.wait_for(task, 5)
+        return took, got, scope.memory_id
+
+    took, got, memory_id = asyncio.run(scenario())
+    assert got in (["c0 "], ["c0 ", "c1 "])
+    assert took < 0.6
+    assert store.get_messages(memory_id) == []
+
+
+def test_a_sync_stream_read_by_another_thread_stops_when_its_scope_forgets() -> None:
+    store = InMemoryChatMemoryStore()
+    bot = ai_service(
+        _Teller,
+        model=_Slow(default="done"),
+        chat_memory_provider=MessageWindowChatMemory.provider(20, store=store),
+    )
+    got: list[str] = []
+    with memory_scope() as scope:
+        stream = bot.tell("x")
+        reader = threading.Thread(target=lambda: got.extend(stream), daemon=True)
+        reader.start()
+        while not got:
+            time.sleep(0.01)
+        began = time.perf_counter()
+    took = time.perf_counter() - began
+    reader.join(5)
+    assert not reader.is_alive()
+    assert got in (["c0 "], ["c0 ", "c1 "])
+    assert took < 0.6
+    assert store.get_messages(scope.memory_id) == []
