@@ -914,15 +914,16 @@ def test_an_async_stream_read_by_another_task_stops_when_its_scope_forgets() -> 
 
     async def scenario() -> tuple[float, list[str], Hashable]:
         got: list[str] = []
+        first = asyncio.Event()
 
         async def reader(stream: AsyncIterator[str]) -> None:
             async for chunk in stream:
                 got.append(chunk)
+                first.set()
 
         async with memory_scope() as scope:
             task = asyncio.create_task(reader(bot.atell("x")))
-            while not got:  # one chunk read: the reader waits for the next
-                await asyncio.sleep(0.01)
+            await first.wait()  # one chunk read: the reader waits for the next
             began = time.perf_counter()
         took = time.perf_counter() - began
         await asyncio.wait_for(task, 5)

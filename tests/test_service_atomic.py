@@ -407,4 +407,5 @@ def test_an_async_call_waits_for_a_thread_reading_its_memory_with_a_task_queued(
 
     answer, seen, stored = asyncio.run(scenario())
     assert answer == "ok"
-    assert seen in (0, 2) and stored == 2
+    assert seen in (0, 2)  # the task read before or after the call's turn
+    assert stored == 2
