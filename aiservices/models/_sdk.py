@@ -159,10 +159,9 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         """Refuse a second event loop for the async HTTP client handed in: its connections
         belong to the loop it was first used in, and would fail obscurely in another."""
         loop = asyncio.get_running_loop()
-        first = self._http_loop() if self._http_loop is not None else None
-        if first is None and self._http_loop is None:
+        if self._http_loop is None:
             self._http_loop = weakref.ref(loop)
-        elif first is not loop:
+        elif self._http_loop() is not loop:  # (None once that loop is gone)
             raise RuntimeError(
                 f"{type(self).__name__} was given async_http_client=, which was first used "
                 "in another event loop (an earlier asyncio.run(), or another thread's loop): "
