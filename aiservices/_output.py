@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, TypeAlias, Union, get_args, get_origin
 from uuid import UUID
 
 import typing_extensions
@@ -31,6 +31,8 @@ from pydantic import BaseModel, BeforeValidator, RootModel, TypeAdapter, Validat
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 from pydantic_core import PydanticCustomError
 
+from ._result import Result
+from ._tool_schema import SchemaGenerator
 from .errors import OutputParseError
 from .messages import AiMessage, ChatMessage
 from .models import ResponseFormat
@@ -89,17 +91,28 @@ def plan_output(annotation: Any) -> OutputPlan:
     supported types.
     """
     try:
-        hash(annotation)
+        shape = _shape(annotation)
+        hash(shape)
     except TypeError:
         return _plan(annotation)
-    return _plan_cached(annotation)
+    return _plan_cached(shape, annotation)
 
 
 @lru_cache(maxsize=256)
-def _plan_cached(annotation: Any) -> OutputPlan:
+def _plan_cached(shape: object, annotation: Any) -> OutputPlan:
     # Services built from the same Protocol, or methods sharing a return type, share one
     # plan: a TypeAdapter and its schema cost milliseconds to build.
     return _plan(annotation)
+
+
+def _shape(tp: Any) -> object:
+    """``tp`` as a key that tells apart what its ``==`` does not: ``Cat | Dog`` equals
+    ``Dog | Cat``, and ``Literal["b", "a"]`` equals ``Literal["a", "b"]``, but pydantic
+    tries a union's members in order, and the order shows in the schema."""
+    args = get_args(tp)
+    if args:
+        return (get_origin(tp), tuple(map(_shape, args)))
+    return tp if isinstance(tp, type) else (type(tp), tp)
 
 
 _TEXT_PLAN: Final = OutputPlan(str, None)
@@ -120,7 +133,7 @@ def _plan(annotation: Any) -> OutputPlan:
         ) from None
     try:
         adapter: TypeAdapter[Any] = TypeAdapter(prepared)
-        schema = adapter.json_schema()
+        schema = adapter.json_schema(schema_generator=SchemaGenerator)
     except (PydanticUserError, PydanticUndefinedAnnotation) as exc:
         reason = str(exc).split("\n", 1)[0]
         raise UnsupportedOutputType(
@@ -128,7 +141,7 @@ def _plan(annotation: Any) -> OutputPlan:
             f"describe it as JSON schema ({reason})"
         ) from None
     schema = _inline_root_ref(schema)
-    fields = _fields_if_all_optional(annotation, schema)
+    check = _empty_object_check(prepared)
     wrapper: TypeAdapter[Any] | None = None
     if schema.get("type") != "object":
         # OpenAI's structured output needs an object at the root, so a list, a number or a
@@ -144,7 +157,7 @@ def _plan(annotation: Any) -> OutputPlan:
         admits_none,
         shown,
         exact_decimals=_decimals_only(annotation),
-        fields=fields,
+        check=check,
     ).parser()
     return OutputPlan(
         annotation,
@@ -194,6 +207,8 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
     if origin in _SEQUENCES:
         if not args:
             raise _Unsupported(_why_not(tp))
+        if origin is not list:
+            _check_hashable(tp, args[0])
         item = _prepare(args[0], typeddicts, lenient=lenient)
         return tp if item is args[0] else origin[item]
     if origin is tuple:
@@ -216,6 +231,11 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
         return tp if prepared is tp.__supertype__ else prepared
     if isinstance(tp, type):
         return _prepare_class(tp, typeddicts, lenient=lenient)
+    if origin is Result or tp is Result:
+        raise _Unsupported(
+            "Result[T] wraps the whole return type, never a part of it: declare "
+            "Result[T | None] rather than Result[T] | None"
+        )
     if isinstance(origin, type) and (
         dataclasses.is_dataclass(origin) or typing_extensions.is_typeddict(origin)
     ):
@@ -223,6 +243,30 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
         _prepare_class(origin, typeddicts, lenient=lenient)
         return tp
     raise _Unsupported(_why_not(tp))
+
+
+def _check_hashable(tp: Any, item: Any) -> None:
+    """Raise `_Unsupported` unless the items of the set ``tp`` can be hashed."""
+    kind = _unaliased(item)
+    origin = get_origin(kind)
+    if origin in _UNION_ORIGINS:
+        for member in get_args(kind):
+            _check_hashable(tp, member)
+        return
+    kind = origin or kind
+    if not isinstance(kind, type) or kind is tuple:
+        return
+    if typing_extensions.is_typeddict(kind) or getattr(kind, "__hash__", None) is None:
+        fix = (
+            " (or make it frozen: model_config = ConfigDict(frozen=True), or "
+            "@dataclass(frozen=True))"
+            if issubclass(kind, BaseModel) or dataclasses.is_dataclass(kind)
+            else ""
+        )
+        raise _Unsupported(
+            f"the items of a {get_origin(tp).__name__} must be hashable, and "
+            f"{_type_name(item)} is not; declare list[{_type_name(item)}]{fix}"
+        )
 
 
 def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> Any:
@@ -385,50 +429,105 @@ def _is_scalar(tp: Any) -> bool:
     return tp in _SCALARS or (isinstance(tp, type) and issubclass(tp, enum.Enum))
 
 
-def _fields_if_all_optional(tp: Any, schema: dict[str, Any]) -> frozenset[str] | None:
-    """The keys an object of ``tp`` may hold, when ``tp`` is an object type none of whose
-    fields is required (a model, dataclass or TypedDict); else ``None``.
+_EmptyObjectCheck: TypeAlias = Callable[[Any], frozenset[str] | None]
+
+
+def _empty_object_check(tp: Any) -> _EmptyObjectCheck | None:
+    """A check finding, in an answer's JSON, an object given for an object type none of
+    whose fields is required (a model, dataclass or TypedDict) that holds none of its
+    fields; it returns those fields. ``None`` when ``tp`` holds no such type where the
+    answer's own objects stand (alone, beside None, or as the items of a collection).
 
     Any JSON object validates as such a type (unknown keys are ignored, missing fields take
-    their defaults), so an answer wrapped as ``{"value": {...}}`` would be read as the
-    defaults: an object with none of these keys is not taken as one of its values. The keys
-    are the fields' names and the properties of ``schema`` (aliases, as the model is asked
-    for them); a type that may read other keys (a root model, a model validator that runs
-    before its fields) is left unchecked.
+    their defaults): ``{"person": {...}}`` would be read as the defaults.
     """
     tp = _unaliased(tp)
-    kind = get_origin(tp) or tp
-    if not isinstance(kind, type):
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin in _UNION_ORIGINS:
+        # Beside other members, an object may well be another member's value.
+        members = [m for m in args if m is not _NONE_TYPE]
+        return _empty_object_check(members[0]) if len(members) == 1 else None
+    if origin in _SEQUENCES or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        inner = _empty_object_check(args[0])
+        if inner is None:
+            return None
+
+        def items(data: Any) -> frozenset[str] | None:
+            for item in data if type(data) is list else ():
+                found = inner(item)
+                if found is not None:
+                    return found
+            return None
+
+        return items
+    if origin is dict and len(args) == 2:
+        value_check = _empty_object_check(args[1])
+        if value_check is None:
+            return None
+
+        def values(data: Any) -> frozenset[str] | None:
+            for value in data.values() if type(data) is dict else ():
+                found = value_check(value)
+                if found is not None:
+                    return found
+            return None
+
+        return values
+    kind = origin or tp
+    keys = _keys_if_all_optional(kind) if isinstance(kind, type) else None
+    if keys is None:
         return None
-    keys: set[str] = set(schema.get("properties", ()))
+
+    def holds_none(data: Any) -> frozenset[str] | None:
+        return keys if type(data) is dict and data and keys.isdisjoint(data) else None
+
+    return holds_none
+
+
+def _keys_if_all_optional(kind: type) -> frozenset[str] | None:
+    """The keys an object of ``kind`` may hold, when it is a model, dataclass or TypedDict
+    none of whose fields is required; else ``None``. The keys are the fields' names and
+    their aliases (as the model is asked for them); a type that may read other keys (a root
+    model, a model validator that runs before its fields) is left unchecked."""
+    keys: set[str] = set()
     if issubclass(kind, BaseModel):
         if kind.model_config.get("extra") == "allow" or issubclass(kind, RootModel):
             return None  # any key is data
         validators = kind.__pydantic_decorators__.model_validators.values()
         if any(v.info.mode in ("before", "wrap") for v in validators):
             return None  # it may read the answer's keys its own way
-        for name, field in kind.model_fields.items():
-            if field.is_required():
-                return None
-            keys.add(name)
-            for alias in (field.alias, field.validation_alias):
-                if isinstance(alias, str):
-                    keys.add(alias)
-                elif alias is not None:
-                    return None  # AliasChoices, AliasPath: not worth reading
+        fields: dict[str, Any] = kind.model_fields
+        if any(f.is_required() for f in fields.values()):
+            return None
     elif dataclasses.is_dataclass(kind):
+        missing = dataclasses.MISSING
         for entry in dataclasses.fields(kind):
-            missing = dataclasses.MISSING
             if entry.default is missing and entry.default_factory is missing:
                 return None
-            keys.add(entry.name)
+        fields = {entry.name: None for entry in dataclasses.fields(kind)}
     elif typing_extensions.is_typeddict(kind):
         typed: Any = kind
         if typed.__required_keys__:
             return None
-        keys.update(typed.__optional_keys__)
+        fields = dict.fromkeys(typed.__optional_keys__)
     else:
         return None
+    for name, info in fields.items():
+        keys.add(name)
+        for alias in (getattr(info, "alias", None), getattr(info, "validation_alias", None)):
+            if isinstance(alias, str):
+                keys.add(alias)
+            elif alias is not None:
+                return None  # AliasChoices, AliasPath: not worth reading
+    if not issubclass(kind, BaseModel):
+        # A dataclass's or TypedDict's aliases (Annotated[int, Field(alias=...)]) show only
+        # in its schema, as the model is asked for them.
+        try:
+            schema = TypeAdapter(kind).json_schema(schema_generator=SchemaGenerator)
+        except (PydanticUserError, PydanticUndefinedAnnotation):
+            return None
+        keys.update(schema.get("properties", ()))
     return frozenset(keys) if keys else None
 
 
@@ -473,7 +572,21 @@ def _enum_choices(cls: type[enum.Enum]) -> Callable[[Any], Any]:
     # A member's value wins over another member's name when both spell the input exactly.
     values = [(m, [m.value] if isinstance(m.value, str) else [], ()) for _, m in members]
     names = [(m, [name], [name, str(m.value)]) for name, m in members]
-    return _choices_lookup([*values, *names])
+    by_text = _choices_lookup([*values, *names])
+    # JSON has no tuples: a member whose value is one is sent as an array.
+    by_array = {m.value: m for _, m in members if type(m.value) is tuple}
+    if not by_array:
+        return by_text
+
+    def lenient(value: Any) -> Any:
+        if type(value) is list:
+            try:
+                return by_array.get(tuple(value), value)
+            except TypeError:  # an item that cannot be hashed matches no member
+                return value
+        return by_text(value)
+
+    return lenient
 
 
 def _literal_choices(values: tuple[Any, ...]) -> Callable[[Any], Any]:
@@ -643,14 +756,19 @@ def _admits_null(schema: dict[str, Any]) -> bool:
 
 
 def _json_reader(
-    adapter: TypeAdapter[Any], exact: bool, fields: frozenset[str] | None = None
+    adapter: TypeAdapter[Any],
+    exact: bool,
+    check: _EmptyObjectCheck | None = None,
+    *,
+    wrapped: bool = False,
 ) -> Callable[[str], Any]:
     """The adapter's JSON validation; with ``exact`` (a type of `_decimals_only`), numbers
     are read as written (pydantic reads a JSON number as a float: ``1.10`` would be
-    ``Decimal("1.1")``, and a 19-digit amount would lose its last digits). With ``fields``
-    (`_fields_if_all_optional`), an object holding none of them is refused."""
+    ``Decimal("1.1")``, and a 19-digit amount would lose its last digits). With ``check``
+    (`_empty_object_check`), an object it finds is refused; with ``wrapped``, it looks in
+    the answer's ``"value"``."""
     validate_json = adapter.validator.validate_json
-    if not exact and fields is None:
+    if not exact and check is None:
         return validate_json
     validate_python = adapter.validator.validate_python
     numbers = Decimal if exact else float
@@ -660,24 +778,33 @@ def _json_reader(
             data = json.loads(text, parse_float=numbers)
         except (TypeError, ValueError, RecursionError):
             return validate_json(text)  # not JSON: pydantic says why, as it would have
-        if fields is not None and type(data) is dict and data and fields.isdisjoint(data):
-            raise ValidationError.from_exception_data(
-                "answer",
-                [
-                    {
-                        "type": PydanticCustomError(
-                            "no_known_field",
-                            "the object has none of the fields {fields}",
-                            {"fields": ", ".join(sorted(fields))},
-                        ),
-                        "loc": (),
-                        "input": data,
-                    }
-                ],
-            )
+        if check is not None:
+            value = data.get("value") if wrapped and type(data) is dict else data
+            _refuse_empty_objects(check, value)
         return validate_python(data) if exact else validate_json(text)
 
     return read
+
+
+def _refuse_empty_objects(check: _EmptyObjectCheck | None, data: Any) -> None:
+    """Raise ``ValidationError`` for an object ``check`` finds in ``data``."""
+    fields = check(data) if check is not None else None
+    if fields is None:
+        return
+    raise ValidationError.from_exception_data(
+        "answer",
+        [
+            {
+                "type": PydanticCustomError(
+                    "no_known_field",
+                    "the object has none of the fields {fields}",
+                    {"fields": ", ".join(sorted(fields))},
+                ),
+                "loc": (),
+                "input": data,
+            }
+        ],
+    )
 
 
 def _decimals_only(tp: Any) -> bool:
@@ -788,6 +915,7 @@ class _JsonParser:
     __slots__ = (
         "_admits_none",
         "_admits_text",
+        "_check",
         "_numbers",
         "_scalar",
         "_shown",
@@ -805,12 +933,17 @@ class _JsonParser:
         shown: str,
         *,
         exact_decimals: bool,
-        fields: frozenset[str] | None = None,
+        check: _EmptyObjectCheck | None = None,
     ) -> None:
         # The validators themselves, not the adapters: skips a layer of Python per call.
-        self._validate_json = _json_reader(adapter, exact_decimals, fields)
+        self._validate_json = _json_reader(adapter, exact_decimals, check)
         self._validate = adapter.validator.validate_python
-        self._wrapped = _json_reader(wrapper, exact_decimals) if wrapper is not None else None
+        self._wrapped = (
+            _json_reader(wrapper, exact_decimals, check, wrapped=True)
+            if wrapper is not None
+            else None
+        )
+        self._check = check
         self._numbers: Callable[[str], Any] = Decimal if exact_decimals else float
         self._scalar = scalar
         self._admits_none = admits_none
@@ -903,6 +1036,7 @@ class _JsonParser:
                 ((key, inner),) = data.items()
                 if self._wrapped is not None or key == "value":
                     try:
+                        _refuse_empty_objects(self._check, inner)
                         return True, self._validate(inner)
                     except ValidationError as error:
                         errors.append(error)
@@ -942,7 +1076,13 @@ def _embedded_json(text: str) -> Iterator[str]:
 
 def _tokens(text: str, stripped: str) -> Iterator[str]:
     yield stripped
-    token = stripped.strip(_TOKEN_JUNK).rstrip(".")
+    token = stripped
+    while True:
+        # Markup and a final period, in any order: **Yes**. or "No". or `42`.
+        shorter = token.strip(_TOKEN_JUNK).rstrip(".")
+        if shorter == token:
+            break
+        token = shorter
     if token != stripped:
         yield token
     if "```" in text:

@@ -75,10 +75,12 @@ def _problem(where: str, text: str) -> str:
 
 def _interface_methods(
     interface: type,
-) -> tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]]:
-    """The methods the service implements, and those with a body of their own."""
+) -> tuple[dict[str, Callable[..., Any]], dict[str, Callable[..., Any]], dict[str, str]]:
+    """The methods the service implements, those with a body of their own, and why each
+    member carrying a prompt or guardrail decorator that the service leaves alone is left."""
     methods: dict[str, Callable[..., Any]] = {}
     written: dict[str, Callable[..., Any]] = {}
+    left: dict[str, str] = {}
     for klass in reversed(interface.__mro__):
         if klass is object or klass is typing.Generic:
             continue
@@ -87,9 +89,22 @@ def _interface_methods(
         for name, member in vars(klass).items():
             # `__call__` makes the service callable; other underscore names are Python's
             # machinery or the interface's own helpers.
-            if (name.startswith("_") and name != "__call__") or name in ACCESS_METHODS:
+            if name in ACCESS_METHODS:
+                continue
+            if name.startswith("_") and name != "__call__":
+                if _decorated(member):
+                    left[name] = (
+                        "its name starts with an underscore, which marks the interface's "
+                        "own helpers; rename it"
+                    )
                 continue
             if isinstance(member, (staticmethod, classmethod, property)):
+                if _decorated(member):
+                    kind = type(member).__name__
+                    left[name] = (
+                        f"it is a {kind}, which the service leaves as written; declare it "
+                        "as a plain method taking self"
+                    )
                 continue
             if not inspect.isfunction(member):
                 continue
@@ -101,7 +116,18 @@ def _interface_methods(
             else:
                 written[name] = member
                 methods.pop(name, None)
-    return methods, written
+    return methods, written, left
+
+
+def _decorated(member: object) -> bool:
+    """Whether a prompt or guardrail decorator marked ``member`` (or the function a
+    staticmethod, classmethod or property wraps)."""
+    inner = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+    return any(
+        hasattr(found, marker)
+        for found in (member, inner)
+        for marker in (SYSTEM_ATTRIBUTE, USER_ATTRIBUTE, GUARDRAILS_ATTRIBUTE)
+    )
 
 
 def _reserved_names(interface: type) -> set[str]:
@@ -228,11 +254,29 @@ def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] 
     if origin is collections.abc.Generator or origin is collections.abc.AsyncGenerator:
         return "what a streaming method returns is an iterator, not a generator"
     if origin is Result:
-        return ("async" if is_async else "sync"), _only_arg(annotation), True
+        inner = _only_arg(annotation)
+        if (get_origin(inner) or inner) in _STREAMING:
+            return (
+                "Result cannot wrap a stream (declare -> TextStream or -> AsyncTextStream, "
+                "whose `result` is the call's Result once the stream has ended)"
+            )
+        return ("async" if is_async else "sync"), inner, True
     return ("async" if is_async else "sync"), annotation, False
 
 
 _STREAMS_YIELD: Final = "a streaming method yields str or StreamEvent"
+_STREAMING: Final = (
+    collections.abc.Iterator,
+    collections.abc.Iterable,
+    collections.abc.AsyncIterator,
+    collections.abc.AsyncIterable,
+    collections.abc.Generator,
+    collections.abc.AsyncGenerator,
+    TextStream,
+    AsyncTextStream,
+    EventStream,
+    AsyncEventStream,
+)
 
 
 def _only_arg(annotation: Any) -> Any:
@@ -401,8 +445,11 @@ def plan_method(
     system_source = default_system if own_system is None else own_system
     user_source = getattr(function, USER_ATTRIBUTE, None)
     before_templates = len(problems)
+    system_decorator = (
+        "@system_message" if own_system is not None else f"@system_message on {interface.__name__}"
+    )
     system_template = _template(
-        system_source, "@system_message", where, known, problems, contexts=contexts
+        system_source, system_decorator, where, known, problems, contexts=contexts
     )
     user_template = _template(
         user_source, "@user_message", where, known, problems, contexts=contexts
@@ -625,17 +672,19 @@ def plan_interface(
     default_system = getattr(interface, SYSTEM_ATTRIBUTE, None)
     problems: list[str] = []
     plans: dict[str, MethodPlan] = {}
-    methods, written = _interface_methods(interface)
+    methods, written, left = _interface_methods(interface)
+    for name, why in left.items():
+        problems.append(
+            f"{interface.__name__}.{name}: its prompt or guardrail decorators would do "
+            f"nothing, as the service does not implement it: {why}"
+        )
     for name in sorted(_reserved_names(interface)):
         problems.append(
             f"{interface.__name__}.{name}: the name is the service's own memory access "
             f"(ChatMemoryAccess.{name}), which would replace the method; rename it"
         )
     for name, function in written.items():
-        if any(
-            hasattr(function, marker)
-            for marker in (SYSTEM_ATTRIBUTE, USER_ATTRIBUTE, GUARDRAILS_ATTRIBUTE)
-        ):
+        if _decorated(function):
             problems.append(
                 f"{interface.__name__}.{name} has a body, so it runs as written and its "
                 "prompt or guardrail decorators would do nothing: make its body `...` for "

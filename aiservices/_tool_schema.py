@@ -15,14 +15,15 @@ from typing import Annotated, Any, Final, NotRequired, Required, get_args, get_o
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic.json_schema import GenerateJsonSchema
-from pydantic_core import to_json, to_jsonable_python
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema, to_json, to_jsonable_python
 from typing_extensions import TypedDict
 
 from .errors import InterfaceError
 from .markers import Context, MemoryId, is_marker, metadata_of
 
 __all__ = [
+    "SchemaGenerator",
     "ToolSignature",
     "clean_json_schema",
     "describe_validation_error",
@@ -70,9 +71,45 @@ class ToolSignature:
         return tuple(pop(name, default) for name, default in self.positional), kwargs
 
 
-class _SchemaGenerator(GenerateJsonSchema):
+class SchemaGenerator(GenerateJsonSchema):
+    """The JSON schema a model is shown, for tool arguments and answers alike."""
+
     # A default that has no JSON form is simply left out of the schema, without a warning.
     ignored_warning_kinds = {"skipped-choice", "non-serializable-default"}  # noqa: RUF012
+
+    def enum_schema(self, schema: core_schema.EnumSchema) -> JsonSchemaValue:
+        # The values of an enum that are not text (auto(), an IntEnum, tuples) say nothing
+        # of what they mean: the description says which member each one is. (Noted here,
+        # written by `generate`: pydantic sets an enum's description from its docstring
+        # after this returns.)
+        result = super().enum_schema(schema)
+        members = schema["members"]
+        if not all(isinstance(m.value, str) for m in members):
+            result[_MEANINGS] = ", ".join(
+                f"{to_json(to_jsonable_python(m.value)).decode()} = {m.name}" for m in members
+            )
+        return result
+
+    def generate(self, schema: CoreSchema, mode: JsonSchemaMode = "validation") -> JsonSchemaValue:
+        result = super().generate(schema, mode)
+        _describe_meanings(result)
+        return result
+
+
+_MEANINGS: Final = "x-member-values"
+
+
+def _describe_meanings(node: Any) -> None:
+    if isinstance(node, dict):
+        meanings = node.pop(_MEANINGS, None)
+        if meanings is not None:
+            description = node.get("description")
+            node["description"] = f"{description} ({meanings})" if description else meanings
+        for value in node.values():
+            _describe_meanings(value)
+    elif isinstance(node, list):
+        for value in node:
+            _describe_meanings(value)
 
 
 def _schema_name(name: str, metadata: tuple[Any, ...]) -> str:
@@ -193,7 +230,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     arguments.__pydantic_config__ = _ARGUMENTS_CONFIG
     try:
         adapter: TypeAdapter[dict[str, Any]] = TypeAdapter(arguments)
-        raw = adapter.json_schema(schema_generator=_SchemaGenerator)
+        raw = adapter.json_schema(schema_generator=SchemaGenerator)
     except Exception as exc:
         raise InterfaceError(_locate(fields, where, exc)) from None
     schema = clean_json_schema(raw)
@@ -275,7 +312,7 @@ def _locate(fields: dict[str, Any], where: str, exc: Exception) -> list[str]:
     for name, annotation in fields.items():
         shown = get_args(annotation)[0]
         try:
-            TypeAdapter(shown).json_schema(schema_generator=_SchemaGenerator)
+            TypeAdapter(shown).json_schema(schema_generator=SchemaGenerator)
         except Exception as param_exc:
             problems.append(
                 f"{where}({name}): the model cannot be shown or send a {_type_name(shown)} "

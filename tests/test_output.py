@@ -16,6 +16,7 @@ import pytest
 import typing_extensions
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
+from aiservices import Result
 from aiservices._output import OutputPlan, UnsupportedOutputType, plan_output
 from aiservices.messages import AiMessage, UserMessage
 
@@ -31,6 +32,18 @@ class Sentiment(enum.Enum):
 class Level(enum.IntEnum):
     LOW = 1
     HIGH = 2
+
+
+class Size(enum.Enum):
+    SMALL = (1, "small")
+    LARGE = (2, "large")
+
+
+class Color(enum.Enum):
+    """A colour."""
+
+    RED = enum.auto()
+    GREEN = enum.auto()
 
 
 class Crossed(enum.Enum):
@@ -164,6 +177,31 @@ def test_plans_are_frozen_and_shared_per_type() -> None:
         plan.annotation = int  # type: ignore[misc]
 
 
+class Cat(BaseModel):
+    name: str
+
+
+class Dog(BaseModel):
+    name: str
+
+
+def test_types_equal_in_another_order_have_plans_of_their_own() -> None:
+    # Python says Cat | Dog == Dog | Cat, but pydantic tries a union's members in order.
+    cats_first = plan_output(Cat | Dog)
+    dogs_first = plan_output(Dog | Cat)
+    assert type(cats_first.parse('{"name": "Rex"}')) is Cat
+    assert type(dogs_first.parse('{"name": "Rex"}')) is Dog
+    assert dogs_first.response_format is not None
+    assert dogs_first.response_format.name == "Dog_or_Cat"
+    b_first = plan_output(Literal["b", "a"])
+    assert plan_output(Literal["a", "b"]) is not b_first
+    assert b_first.response_format is not None
+    assert b_first.response_format.name == "Literal_b_a"
+    # And Literal[1] is not Literal[True], although 1 == True.
+    assert plan_output(Literal[1]).parse("1") is not True
+    assert plan_output(Literal[True]).parse("true") is True
+
+
 def test_unhashable_annotation_metadata_is_planned_without_the_cache() -> None:
     plan = plan_output(Annotated[int, {"unhashable": []}])
     assert plan.parse("7") == 7
@@ -210,6 +248,13 @@ HAPPY: list[tuple[Any, str, Any]] = [
     (Sentiment, "Positive", Sentiment.POSITIVE),
     (Sentiment, '{"value": "NEGATIVE"}', Sentiment.NEGATIVE),
     (Sentiment, "**Negative**", Sentiment.NEGATIVE),
+    (Sentiment, "**Negative**.", Sentiment.NEGATIVE),
+    (bool, "**Yes**.", True),
+    (bool, '"No".', False),
+    (int, "`42`.", 42),
+    (float, "3.14.", 3.14),
+    (Size, '{"value": [2, "large"]}', Size.LARGE),
+    (Size, "large", Size.LARGE),
     (Sentiment, "```\nPOSITIVE\n```", Sentiment.POSITIVE),
     (Level, "1", Level.LOW),
     (Level, '"2"', Level.HIGH),
@@ -432,6 +477,58 @@ def test_an_object_with_none_of_the_fields_of_a_type_without_required_ones_is_re
         parse(Found, '{"person": "Bob", "years": 42}')
 
 
+@pytest.mark.parametrize(
+    ("annotation", "text"),
+    [
+        (Found | None, '{"person": "Bob", "years": 42}'),
+        (Found | None, '{"value": {"person": "Bob"}}'),
+        (Found, '{"value": {"person": "Bob"}}'),
+        (list[Found], '[{"name": "Ada"}, {"person": "Bob"}]'),
+        (list[Found], '{"value": [{"person": "Bob"}]}'),
+        (dict[str, Found], '{"a": {"person": "Bob"}}'),
+        (tuple[FoundPoint, ...], '[{"z": 1}]'),
+        (list[FoundPrefs] | None, '[{"colour": "red"}]'),
+    ],
+)
+def test_objects_with_none_of_the_fields_are_refused_wherever_the_type_stands(
+    annotation: Any, text: str
+) -> None:
+    # Beside None, as items, as values, and inside the {"value": ...} wrapper: each would
+    # otherwise be read as the defaults, losing what the model answered.
+    with pytest.raises(ValueError, match="none of the fields"):
+        parse(annotation, text)
+
+
+class Sparse(typing.TypedDict):
+    # typing.TypedDict, keys NotRequired as strings (this module postpones annotations):
+    # Python 3.11 counts them as required; the plan reads them as written.
+    name: typing.NotRequired[str]
+    age: typing.NotRequired[int]
+
+
+def test_a_typeddict_of_not_required_keys_written_as_strings_refuses_other_objects() -> None:
+    assert parse(Sparse, '{"value": {"name": "Bob", "age": 42}}') == {"name": "Bob", "age": 42}
+    with pytest.raises(ValueError, match="none of the fields age, name"):
+        parse(Sparse, '{"person": {"name": "Bob"}}')
+
+
+def test_objects_with_their_fields_are_read_wherever_the_type_stands() -> None:
+    assert parse(Found | None, '{"name": "Ada"}') == Found(name="Ada")
+    assert parse(Found | None, "null") is None
+    assert parse(list[Found], '[{"name": "Ada"}, {}]') == [Found(name="Ada"), Found()]
+    assert parse(dict[str, Found], '{"a": {"age": 3}}') == {"a": Found(age=3)}
+
+
+def test_a_strict_model_without_required_fields_keeps_its_json_readings() -> None:
+    class StrictFound(BaseModel):
+        model_config = ConfigDict(strict=True)
+        when: date | None = None
+
+    assert parse(list[StrictFound], '[{"when": "2024-05-01"}]') == [
+        StrictFound(when=date(2024, 5, 1))
+    ]
+
+
 def test_a_strict_model_with_a_decimal_keeps_its_json_readings() -> None:
     class Strict(BaseModel):
         model_config = ConfigDict(strict=True)
@@ -597,6 +694,13 @@ UNSUPPORTED: list[tuple[Any, str]] = [
     (typing.Callable[[], int], "cannot be read from a JSON answer"),
     (Literal[1.5], "is not a str, int, bool, None or enum member"),
     (tuple[()], "an empty tuple"),
+    (set[Verdict], "the items of a set must be hashable, and Verdict is not"),
+    (frozenset[Point], "make it frozen"),
+    (set[list[int]], "list[int] is not; declare list[list[int]]"),
+    (set[dict[str, int] | None], "dict[str, int] is not"),
+    (set[FoundPrefs], "FoundPrefs is not"),
+    (Result[int] | None, "Result[T] wraps the whole return type"),
+    (list[Result[int]], "declare Result[T | None]"),
 ]
 
 
@@ -661,6 +765,29 @@ def test_model_schema_is_the_object_itself_made_strict() -> None:
     }
     assert strict_of(Verdict)
     assert strict_of(Point)
+
+
+def test_enum_values_that_are_not_text_are_described_by_their_members_names() -> None:
+    # A model answering under strict output can send only the values: the schema says
+    # which member each one is.
+    schema = _schema(Color)["properties"]["value"]
+    assert schema["enum"] == [1, 2]
+    assert schema["description"] == "A colour. (1 = RED, 2 = GREEN)"
+    assert _schema(Size)["properties"]["value"]["description"] == (
+        '[1,"small"] = SMALL, [2,"large"] = LARGE'
+    )
+    assert "description" not in _schema(Sentiment)["properties"]["value"]
+
+    class Task(BaseModel):
+        level: Level
+
+    assert _schema(Task)["$defs"]["Level"]["description"] == "1 = LOW, 2 = HIGH"
+
+
+def _schema(annotation: Any) -> dict[str, Any]:
+    response_format = plan_output(annotation).response_format
+    assert response_format is not None
+    return response_format.schema
 
 
 def test_optional_none_field_becomes_required_nullable_and_enum_ref_is_inlined() -> None:

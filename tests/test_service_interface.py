@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import date
 from typing import Annotated, Any, Literal, LiteralString, NewType, Protocol
 
@@ -16,6 +16,7 @@ from aiservices import (
     InterfaceError,
     MemoryId,
     MessageWindowChatMemory,
+    Result,
     UserName,
     V,
     ai_service,
@@ -665,6 +666,58 @@ def test_prompt_decorators_on_a_method_with_a_body_fail_the_build() -> None:
     [problem] = problems(Bot)
     assert problem.startswith("Bot.translate has a body, so it runs as written")
     assert "make its body `...`" in problem
+
+
+def test_prompt_decorators_on_members_the_service_leaves_alone_fail_the_build() -> None:
+    class Bot(Protocol):
+        def chat(self, message: str) -> str: ...
+
+        @staticmethod
+        @user_message("Summarise: {{text}}")
+        def summarise(text: str) -> str: ...
+
+        @user_message("Summarise: {{text}}")
+        @classmethod
+        def shorten(cls, text: str) -> str: ...
+
+        @property
+        @system_message("Be brief.")
+        def brief(self) -> str: ...
+
+        @user_message("Summarise: {{text}}")
+        def _summarise_raw(self, text: str) -> str: ...
+
+        @staticmethod
+        def helper(text: str) -> str:  # undecorated helpers stay allowed
+            return text
+
+    found = problems(Bot)
+    assert [p.split(":")[0] for p in found] == [
+        "Bot.summarise",
+        "Bot.shorten",
+        "Bot.brief",
+        "Bot._summarise_raw",
+    ]
+    assert "it is a staticmethod" in found[0]
+    assert "it is a classmethod" in found[1]
+    assert "it is a property" in found[2]
+    assert "starts with an underscore" in found[3]
+    assert all("decorators would do nothing" in p for p in found)
+
+
+def test_a_result_around_a_stream_or_a_class_template_error_says_where_to_look() -> None:
+    class Streams(Protocol):
+        def chat(self, message: str) -> Result[Iterator[str]]: ...
+
+    [problem] = problems(Streams)
+    assert "Result cannot wrap a stream (declare -> TextStream" in problem
+
+    @system_message("You support {{product}}.")
+    class Support(Protocol):
+        def chat(self, message: str) -> str: ...
+
+    [problem] = problems(Support)
+    assert problem.startswith("Support.chat(): @system_message on Support uses {{product}}")
 
 
 def test_a_method_named_like_the_memory_access_fails_the_build() -> None:

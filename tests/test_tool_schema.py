@@ -108,7 +108,7 @@ def test_no_parameters_is_an_empty_object_schema() -> None:
         (int | None, {"anyOf": [{"type": "integer"}, {"type": "null"}]}),
         (Literal["x", "y"], {"type": "string", "enum": ["x", "y"]}),
         (Color, {"type": "string", "enum": ["red", "green"]}),
-        (Size, {"type": "integer", "enum": [1, 2], "description": "How big."}),
+        (Size, {"type": "integer", "enum": [1, 2], "description": "How big. (1 = S, 2 = L)"}),
         (Any, {}),
         (
             Annotated[int, Field(description="how many", ge=0, le=10)],
