@@ -15,7 +15,6 @@ import dataclasses
 import enum
 import json
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from ._result import Result
 from ._tool_schema import SchemaGenerator
+from ._typeddicts import UnreadableTypedDict, is_typing_typeddict, twin
 from .errors import OutputParseError
 from .messages import AiMessage, ChatMessage
 from .models import ResponseFormat
@@ -284,8 +284,11 @@ def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> 
     if issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp):
         return tp
     if typing_extensions.is_typeddict(tp):
-        if sys.version_info < (3, 12) and type(tp).__module__ == "typing":
-            return _recreate_typeddict(tp, typeddicts)
+        if is_typing_typeddict(tp):
+            try:
+                return twin(tp, typeddicts, lambda hint: _prepare(hint, typeddicts, lenient=False))
+            except UnreadableTypedDict as exc:
+                raise _Unsupported(str(exc)) from None
         return tp
     raise _Unsupported(_why_not(tp))
 
@@ -353,55 +356,6 @@ def _why_not(tp: Any) -> str:
 def _strip_annotated(tp: Any) -> Any:
     while get_origin(tp) is Annotated:
         tp = tp.__origin__
-    return tp
-
-
-def _recreate_typeddict(tp: type, typeddicts: dict[type, type]) -> type:
-    done = typeddicts.get(tp)
-    if done is not None:
-        return done
-    name = tp.__qualname__
-    if getattr(tp, "__parameters__", ()):
-        raise _Unsupported(
-            f"{name} is a generic typing.TypedDict, which pydantic reads only on Python "
-            "3.12+; declare it with typing_extensions.TypedDict"
-        )
-    try:
-        hints = typing.get_type_hints(tp, include_extras=True)
-    except Exception as exc:
-        raise _Unsupported(f"the annotations of {name} cannot be resolved ({exc})") from None
-    # Created empty and registered first, so a field that refers back to this TypedDict
-    # finds it; pydantic reads the fields and required keys from these attributes.
-    twin = _new_typeddict(tp.__name__, {}, total=getattr(tp, "__total__", True))
-    typeddicts[tp] = twin
-    required = set(tp.__required_keys__)  # type: ignore[attr-defined]
-    fields = {}
-    for key, hint in hints.items():
-        # Python 3.11 misses Required / NotRequired written as strings (postponed
-        # annotations) when it sorts the keys; the resolved hints show them.
-        origin = get_origin(hint)
-        if origin is typing.Required:
-            required.add(key)
-        elif origin is typing.NotRequired:
-            required.discard(key)
-        fields[key] = _prepare(_strip_required(hint), typeddicts, lenient=False)
-    twin.__annotations__ = fields
-    twin.__required_keys__ = frozenset(required)
-    twin.__optional_keys__ = frozenset(fields.keys() - required)
-    twin.__mutable_keys__ = frozenset(fields)
-    twin.__readonly_keys__ = frozenset()
-    twin.__module__ = tp.__module__
-    twin.__qualname__ = tp.__qualname__
-    twin.__doc__ = tp.__doc__
-    config = getattr(tp, "__pydantic_config__", None)
-    if config is not None:
-        twin.__pydantic_config__ = config
-    return typing.cast(type, twin)
-
-
-def _strip_required(tp: Any) -> Any:
-    while get_origin(tp) in (typing.Required, typing.NotRequired):
-        tp = get_args(tp)[0]
     return tp
 
 

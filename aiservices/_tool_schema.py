@@ -19,6 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaV
 from pydantic_core import CoreSchema, core_schema, to_json, to_jsonable_python
 from typing_extensions import TypedDict
 
+from ._typeddicts import UnreadableTypedDict, with_twins
 from .errors import InterfaceError
 from .markers import Context, MemoryId, is_marker, metadata_of
 
@@ -150,6 +151,8 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
     positional: list[tuple[str, Any]] = []
     memory_id: str | None = None
     context: str | None = None
+    twins: dict[type, type] = {}
+    sent_names: dict[str, str] = {}  # the property each parameter is sent as -> its name
     for param in parameters:
         if param.name in fixed:
             continue
@@ -176,7 +179,11 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                 "so that the model is told what to send (`typing.Any` accepts anything)"
             )
             continue
-        annotation = param.annotation
+        try:
+            annotation = with_twins(param.annotation, twins)
+        except UnreadableTypedDict as exc:
+            problems.append(f"{pwhere}: {exc}")
+            continue
         metadata: tuple[Any, ...] = (
             get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
         )
@@ -204,6 +211,16 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
             context = param.name
             continue
         default = param.default
+        sent_as = _schema_name(
+            param.name, (*metadata, default) if isinstance(default, FieldInfo) else metadata
+        )
+        if sent_as in sent_names:
+            problems.append(
+                f"{pwhere}: the model would send it as {sent_as!r}, as it sends "
+                f"{sent_names[sent_as]}; give each parameter a name or alias of its own"
+            )
+            continue
+        sent_names[sent_as] = param.name
         if isinstance(default, FieldInfo):
             # `x: int = Field(3, description=...)`: pydantic reads the field, the default too.
             fields[param.name] = _field(Annotated[annotation, default], default.is_required())

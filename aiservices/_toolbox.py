@@ -179,7 +179,12 @@ def _target(function: Any) -> Any:
 
 
 def _name_of(function: Any) -> str:
-    name = getattr(_target(function), "__name__", None)
+    target = _target(function)
+    name = getattr(target, "__name__", None)
+    if name == "__call__":
+        # A callable object is named after its class, as a function is after itself.
+        owner = getattr(target, "__qualname__", "").split(".")
+        return owner[-2] if len(owner) > 1 else type(function).__name__
     return name if isinstance(name, str) else type(function).__name__
 
 
@@ -191,7 +196,10 @@ def _where(function: Any) -> str:
 
 def _doc_of(function: Any) -> str:
     target = _target(function)
-    doc = inspect.getdoc(target) if inspect.isfunction(target) else target.__doc__
+    # A method without a docstring of its own takes its base's, but never one of Python's
+    # own (object's __call__ is "Call self as a function."): that says nothing of a tool.
+    inherits = inspect.isfunction(target) and not target.__name__.startswith("__")
+    doc = inspect.getdoc(target) if inherits else target.__doc__
     return inspect.cleandoc(doc) if doc else ""
 
 

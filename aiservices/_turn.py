@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import threading
 import uuid
@@ -483,6 +484,8 @@ def turn(state: ServiceState, call: Call) -> Turn:
                     limit=state.max_tool_invocations,
                 )
             tool_rounds += 1
+            answer = _with_distinct_ids(answer, sent)
+            requests = answer.tool_execution_requests
             ai = _stamped(answer, kept_id)
             # Listeners are told of each tool as it starts and as it ends, where it runs.
             observer = (
@@ -524,10 +527,11 @@ def turn(state: ServiceState, call: Call) -> Turn:
             executions += results
             if results and all(e.return_direct for e in results):
                 value = _direct_value(plan, results)
-                final: AiMessage | None = None
-                if type(value) is str and value:
-                    yield SAY, value
-                break
+                if value is not _NOT_ONE:
+                    final: AiMessage | None = None
+                    if type(value) is str and value:
+                        yield SAY, value
+                    break
             continue
         replacer: Callable[..., Any] | None = None  # the guardrail whose answer this is
         if plan.output_guardrails:
@@ -603,6 +607,30 @@ def turn(state: ServiceState, call: Call) -> Turn:
             # its conversation as the exit did.
             yield END, (state.conversations, call.key, scope.on_exit)
     return _finish(state, call, value, usage, response, executions, final, tool_rounds, sources)
+
+
+def _with_distinct_ids(answer: AiMessage, sent: list[ChatMessage]) -> AiMessage:
+    """``answer`` with each tool request's id other than those of its other requests and of
+    the requests already in the conversation.
+
+    Some compatible servers give parallel calls one id, or number the calls afresh in each
+    answer; providers refuse a conversation in which two calls share an id, and a result
+    could not tell which call it answers.
+    """
+    requests = answer.tool_execution_requests
+    used = {r.id for m in sent if isinstance(m, AiMessage) for r in m.tool_execution_requests}
+    if len(requests) == 1 and requests[0].id not in used:
+        return answer
+    distinct: list[ToolExecutionRequest] = []
+    renamed = False
+    for request in requests:
+        kept = request
+        if request.id in used:
+            kept = request.model_copy(update={"id": f"{request.id}_{uuid.uuid4().hex[:8]}"})
+            renamed = True
+        used.add(kept.id)
+        distinct.append(kept)
+    return answer.model_copy(update={"tool_execution_requests": distinct}) if renamed else answer
 
 
 def _stamped(answer: AiMessage, turn_id: str | None) -> AiMessage:
@@ -720,8 +748,23 @@ def _feedback(error: ValueError, response_format: ResponseFormat | None) -> User
     return UserMessage(f"{error}\nThe JSON schema: {to_json(response_format.schema).decode()}")
 
 
+# Several direct-return results that are not one value of a typed method's type: they go
+# to the model, as the results of other tools do.
+_NOT_ONE: Final = object()
+
+
 def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
     output = plan.output
+    if len(results) > 1 and output.response_format is not None:
+        # Their texts as the items of one array (each as the JSON it is, else as text):
+        # -> list[Order] takes them all; -> Order cannot, and is never given one of them.
+        items = [_json_or_text(r.result) for r in results]
+        for array in (items, [r.result for r in results]):
+            try:
+                return output.parse(to_json(array).decode())
+            except ValueError:
+                pass
+        return _NOT_ONE
     text = "\n".join(r.result for r in results)
     if output.returns_ai_message:
         return AiMessage(text)
@@ -737,6 +780,13 @@ def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
             f"parsed as {output.type_name}: {error}",
             raw_text=text,
         ) from error
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _finish(  # noqa: PLR0917 - private, called from the turn's two ends

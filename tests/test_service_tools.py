@@ -233,6 +233,44 @@ def test_a_direct_return_result_that_does_not_parse_is_an_output_parse_error() -
     assert memory.messages() == []
 
 
+def test_several_direct_results_are_one_list_or_go_to_the_model() -> None:
+    @tool(return_direct=True)
+    def quote(symbol: str) -> Quote:
+        """Current price."""
+        return Quote(symbol=symbol, price=10.5)
+
+    @tool(return_direct=True)
+    def note(symbol: str) -> str:
+        """A note on a symbol."""
+        return f"{symbol} is {{quiet}}"
+
+    class Prices(Protocol):
+        def prices(self, text: str) -> list[Quote]: ...
+
+        def notes(self, text: str) -> list[str]: ...
+
+        def price(self, text: str) -> Quote: ...
+
+    both = tool_calls(("quote", {"symbol": "A"}), ("quote", {"symbol": "B"}))
+    model = ScriptedChatModel(
+        both,
+        tool_calls(("note", {"symbol": "A"}), ("note", {"symbol": "B"})),
+        both,
+        '{"symbol": "A", "price": 1}',
+    )
+    bot = ai_service(Prices, model=model, tools=[quote, note])
+    assert bot.prices("A and B?") == [Quote(symbol="A", price=10.5), Quote(symbol="B", price=10.5)]
+    assert bot.notes("A and B?") == ["A is {quiet}", "B is {quiet}"]
+    assert len(model.requests) == 2
+    # Two quotes are not one: no result is dropped, the model answers from both.
+    assert bot.price("A or B?") == Quote(symbol="A", price=1)
+    assert len(model.requests) == 4
+    assert [m.text for m in model.requests[3].messages[-2:]] == [
+        '{"symbol":"A","price":10.5}',
+        '{"symbol":"B","price":10.5}',
+    ]
+
+
 def test_tool_provider_adds_tools_per_call() -> None:
     @tool
     def secret(user: Annotated[str, MemoryId]) -> str:
@@ -342,6 +380,48 @@ def test_sync_calls_run_parallel_requests_in_order() -> None:
     )
     service(model, [record]).chat("u", "go")
     assert calls == ["1", "2", "3"]
+
+
+def _asking(*calls: tuple[str, str, dict[str, object]]) -> AiMessage:
+    """An answer asking for tools under the ids given (a compatible server's own)."""
+    import json
+
+    return AiMessage(
+        tool_execution_requests=[
+            ToolExecutionRequest(call_id, name, json.dumps(arguments))
+            for call_id, name, arguments in calls
+        ]
+    )
+
+
+def test_tool_calls_sharing_an_id_are_told_apart_before_they_run() -> None:
+    # Some compatible servers give parallel calls one id, or number the calls of each answer
+    # afresh; providers refuse two calls with one id, and a result could not say which call
+    # it answers.
+    model = ScriptedChatModel(
+        _asking(("call_0", "add", {"a": 1, "b": 2}), ("call_0", "add", {"a": 3, "b": 4})),
+        "3 and 7.",
+        _asking(("call_0", "add", {"a": 5, "b": 6})),
+        "11.",
+    )
+    bot = service(model, [add])
+    first = bot.chat("u", "1+2, 3+4?")
+    ids = [e.request.id for e in first.tool_executions]
+    assert ids[0] == "call_0"
+    assert ids[1].startswith("call_0_")
+    assert ids[1] != "call_0"
+    asked = model.requests[1].messages[1].tool_execution_requests  # type: ignore[union-attr]
+    answered = [(m.id, m.text) for m in model.requests[1].messages[2:]]  # type: ignore[union-attr]
+    assert [r.id for r in asked] == ids
+    assert answered == [(ids[0], "3"), (ids[1], "7")]
+    bot.chat("u", "5+6?")
+    # An id the conversation holds already is renamed too, in what runs and what is kept.
+    stored = bot.get_chat_memory("u").messages()
+    all_ids = [r.id for m in stored if isinstance(m, AiMessage) for r in m.tool_execution_requests]
+    assert len(all_ids) == len(set(all_ids)) == 3
+    results = [m for m in stored if isinstance(m, ToolExecutionResultMessage)]
+    assert [m.id for m in results] == all_ids
+    assert [m.text for m in results] == ["3", "7", "11"]
 
 
 def test_duplicate_tool_names_fail_the_build() -> None:

@@ -2,6 +2,8 @@
 
 import dataclasses
 import enum
+import json
+import typing
 import warnings
 from typing import Annotated, Any, Literal, Optional
 
@@ -432,6 +434,57 @@ def test_arguments_are_coerced_by_pydantic() -> None:
         "where": Address(street="s"),
         "pt": Point(1, 0),
     }
+
+
+class Parcel(typing.TypedDict):
+    to: "Destination"
+    note: typing.NotRequired[str]
+
+
+class Destination(typing.TypedDict):
+    city: str
+    then: typing.NotRequired["Destination"]
+
+
+def test_a_typing_typeddict_parameter_is_read_on_every_python() -> None:
+    # Pydantic reads only typing_extensions.TypedDict before Python 3.12; the tool takes
+    # typing's, nested, recursive and inside containers, as a return type does.
+    def ship(parcel: Parcel, stops: list[Destination] | None = None) -> str:
+        return parcel["to"]["city"]
+
+    signature = read_signature(ship, skip_first=False, where="ship")
+    properties = signature.schema["properties"]
+    assert properties["parcel"]["required"] == ["to"]
+    assert list(signature.schema["$defs"]["Destination"]["properties"]) == ["city", "then"]
+    assert "Destination" in json.dumps(properties["stops"])
+    _, kwargs = signature.bind(
+        '{"parcel": {"to": {"city": "Oslo", "then": {"city": "Rome"}}}, "stops": [{"city": "A"}]}',
+        None,
+    )
+    assert kwargs == {
+        "parcel": {"to": {"city": "Oslo", "then": {"city": "Rome"}}},
+        "stops": [{"city": "A"}],
+    }
+    with pytest.raises(ValidationError):
+        signature.bind('{"parcel": {"note": "no destination"}}', None)
+
+
+def test_two_parameters_sent_under_one_name_are_an_interface_error() -> None:
+    # The schema would show one property for both, and no call could fill them.
+    def aliased(a: Annotated[int, Field(alias="b")], b: str) -> str:
+        return b
+
+    def defaulted(b: str, a: int = Field(1, alias="b")) -> str:
+        return b
+
+    with pytest.raises(InterfaceError) as raised:
+        read_signature(aliased, skip_first=False, where="aliased")
+    assert raised.value.problems == [
+        "aliased(b): the model would send it as 'b', as it sends a; give each parameter a "
+        "name or alias of its own"
+    ]
+    with pytest.raises(InterfaceError, match=r"defaulted\(a\): the model would send it as 'b'"):
+        read_signature(defaulted, skip_first=False, where="defaulted")
 
 
 def test_empty_arguments_mean_no_arguments() -> None:

@@ -169,6 +169,25 @@ def test_subclasses_inherit_tool_methods() -> None:
     assert names == ("owner_of", "find_order", "vat", "shop_kind", "extra")
 
 
+def test_a_callable_object_is_named_after_its_class_and_has_no_borrowed_description() -> None:
+    class Weather:
+        @tool
+        def __call__(self, city: str) -> str:
+            return city
+
+    class Forecast:
+        def __call__(self, city: str) -> str:
+            """Tomorrow's weather in a city."""
+            return city
+
+    specs = Toolbox.from_objects([Weather(), tool(Forecast())]).specifications
+    # Not "__call__", and not object's "Call self as a function."
+    assert [(s.name, s.description) for s in specs] == [
+        ("Weather", ""),
+        ("Forecast", "Tomorrow's weather in a city."),
+    ]
+
+
 def test_empty_toolbox() -> None:
     box = Toolbox.from_objects([])
     assert not box

@@ -316,6 +316,10 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                 kwargs["tool_choice"] = {"type": "tool", "name": output_tool}
             elif choice not in ("auto", "required"):
                 kwargs["tool_choice"] = _tool_choice(choice)  # the named tool first
+        if not tools:
+            tools = _history_tools(request.messages)
+            if tools:
+                kwargs["tool_choice"] = {"type": "none"}
         if tools:
             kwargs["tools"] = tools
             current = kwargs.get("tool_choice", {"type": "auto"})
@@ -481,6 +485,24 @@ def _check_choice(choice: str, tools: Sequence[ToolSpecification]) -> None:
         f"tool_choice={choice!r} names no tool offered in this request; the tools are "
         f"{', '.join(t.name for t in tools)}"
     )
+
+
+def _history_tools(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The tools the conversation called, declared for a request that offers none: the API
+    refuses tool_use and tool_result blocks in a request that defines no tools (a tool
+    provider offered them for an earlier call only, or another service shares the memory).
+    They go with tool_choice "none", so the model cannot call them again."""
+    names = dict.fromkeys(
+        r.name for m in messages if isinstance(m, AiMessage) for r in m.tool_execution_requests
+    )
+    return [
+        {
+            "name": name,
+            "description": "Called earlier in this conversation; not offered now.",
+            "input_schema": {"type": "object"},
+        }
+        for name in names
+    ]
 
 
 def _tool_choice(choice: str) -> dict[str, Any]:

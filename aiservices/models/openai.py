@@ -501,7 +501,7 @@ def _response(completion: Any) -> ChatResponse:
             reason = "content_filter"  # a refusal: no answer to parse or ask again for
     requests = [
         ToolExecutionRequest(
-            call.id or _new_call_id(), call.function.name, call.function.arguments or "{}"
+            call.id or _new_call_id(), call.function.name, _arguments(call.function.arguments)
         )
         for call in message.tool_calls or ()
         # Some compatible servers leave "type" out (or null): a function is still a function,
@@ -511,7 +511,7 @@ def _response(completion: Any) -> ChatResponse:
     legacy = getattr(message, "function_call", None)
     if not requests and legacy is not None and legacy.name:
         # The deprecated single-call form, which some compatible servers still answer with.
-        requests = [ToolExecutionRequest(_new_call_id(), legacy.name, legacy.arguments or "{}")]
+        requests = [ToolExecutionRequest(_new_call_id(), legacy.name, _arguments(legacy.arguments))]
     usage = completion.usage
     return ChatResponse(
         AiMessage(text, requests),
@@ -530,6 +530,13 @@ class _LegacyCall:
 
     def __init__(self, function: Any) -> None:
         self.function = function
+
+
+def _arguments(given: object) -> str:
+    """A call's arguments as JSON text; some compatible servers send the object itself."""
+    if isinstance(given, str):
+        return given or "{}"
+    return "{}" if given is None else json.dumps(given)
 
 
 def _new_call_id() -> str:
@@ -622,7 +629,7 @@ class _StreamAccumulator:
             if function.name:
                 entry[1] = function.name
             if function.arguments:
-                entry[2].append(function.arguments)
+                entry[2].append(_arguments(function.arguments))
 
     def response(self) -> ChatResponse:
         """The whole answer, once the stream has ended with its finish reason."""

@@ -853,6 +853,31 @@ def test_a_tool_result_without_output_is_sent_as_saying_so(
     assert [b.get("is_error") for b in blocks] == [None, True, None]
 
 
+def test_tool_blocks_in_a_request_that_offers_no_tools_come_with_their_tools_declared(
+    anthropic_server: AnthropicServer, anthropic_model: Make
+) -> None:
+    # The API refuses tool_use and tool_result blocks in a request without tools: a tool
+    # provider that offered them for an earlier call only must not break the conversation.
+    anthropic_server.reply_text("You're welcome.")
+    anthropic_server.reply_text("Sunny.")
+    history = [
+        UserMessage("Refund 42"),
+        AiMessage(tool_execution_requests=[ToolExecutionRequest("toolu_1", "refund", "{}")]),
+        ToolExecutionResultMessage("toolu_1", "refund", "refunded"),
+        AiMessage("Refunded."),
+        UserMessage("Thanks"),
+    ]
+    anthropic_model().chat(ChatRequest(history))
+    body = anthropic_server.bodies[0]
+    assert [t["name"] for t in body["tools"]] == ["refund"]
+    assert body["tools"][0]["input_schema"] == {"type": "object"}
+    assert body["tool_choice"] == {"type": "none"}
+    # With tools offered, they are sent as they are.
+    anthropic_model().chat(ChatRequest(history, tools=[WEATHER]))
+    assert [t["name"] for t in anthropic_server.bodies[1]["tools"]] == ["get_weather"]
+    assert "tool_choice" not in anthropic_server.bodies[1]
+
+
 def test_a_failed_tool_result_is_marked_as_an_error(
     anthropic_server: AnthropicServer, anthropic_model: Make
 ) -> None:

@@ -457,6 +457,31 @@ def test_stream_assembles_two_parallel_tool_calls_by_index(
     assert final.finish_reason == "tool_calls"
 
 
+def test_arguments_sent_as_an_object_are_read_as_its_json(
+    openai_server: OpenAIServer, openai_model: Make
+) -> None:
+    # Some compatible servers send function.arguments as the object, not as JSON text.
+    body = completion(None, [("call_a", "get_weather", "")], finish_reason="tool_calls")
+    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"city": "Oslo"}
+    openai_server.reply_body(body)
+    stream = chunks([], [("call_b", "get_weather", "")], usage=None)
+    for chunk in stream:
+        for call in chunk["choices"][0]["delta"].get("tool_calls") or ():
+            if call.get("function", {}).get("arguments") == "":
+                call["function"]["arguments"] = {"city": "Rome"}
+    openai_server.reply_raw_stream(stream)
+
+    answer = openai_model().chat(ask(tools=[WEATHER])).ai_message
+    _, final = split_stream(list(openai_model().stream(ask(tools=[WEATHER]))))
+
+    assert answer.tool_execution_requests == [
+        ToolExecutionRequest("call_a", "get_weather", '{"city": "Oslo"}')
+    ]
+    assert final.ai_message.tool_execution_requests == [
+        ToolExecutionRequest("call_b", "get_weather", '{"city": "Rome"}')
+    ]
+
+
 def test_stream_with_interleaved_tool_call_deltas(
     openai_server: OpenAIServer, openai_model: Make
 ) -> None:
