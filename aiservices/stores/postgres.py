@@ -1137,10 +1137,14 @@ class _Connector:
                     return self._checked(pool, deadline), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
-        # The server refused or ignored the last attempt to connect. The pool would try
-        # again only after a pause; the call tries now, to use the connection or say why
-        # there is none.
-        return self.connect(deadline), False
+        # The server refused or ignored the last attempt to connect. A connection the pool
+        # holds may still serve (a server that is full refuses new ones only): an idle one
+        # goes first. Else the call tries to connect now rather than after the pool's pause,
+        # to use the connection or say why there is none.
+        try:
+            return self._checked(pool, time.monotonic()), True
+        except PoolTimeout:
+            return self.connect(deadline), False
 
     async def atake(
         self, pool: AsyncConnectionPool[Any], deadline: float, max_connections: int
@@ -1156,7 +1160,10 @@ class _Connector:
                     return await self._achecked(pool, deadline), True
                 except PoolTimeout as exc:
                     raise _busy(self.where, self.timeout, max_connections, self.failure) from exc
-        return await self.aconnect(deadline), False
+        try:
+            return await self._achecked(pool, time.monotonic()), True
+        except PoolTimeout:
+            return await self.aconnect(deadline), False
 
     def connect(self, deadline: float) -> psycopg.Connection[Any]:
         """A connection of the call's own, or the error that says why the server gave none."""
@@ -1755,9 +1762,18 @@ def _unreachable(where: str, error: psycopg.Error, waited: float) -> psycopg.Err
             f"connecting to the PostgreSQL server at {where} failed ({_one_line(error)}); "
             "check the store's connection settings"
         )
+    said = _one_line(error)
+    if "FATAL:" in said:
+        # The server answered, and refused: its reason is the advice.
+        return type(error)(
+            f"the PostgreSQL server at {where} refused the connection ({said}); a server "
+            "with too many clients has no room until some disconnect (lower the "
+            "max_connections= of the stores sharing it, or raise the server's); else check "
+            "the DSN's user, password and database"
+        )
     return type(error)(
         f"the PostgreSQL server at {where} is unreachable: an attempt to connect failed after "
-        f"{waited:.1f} s ({_one_line(error)}); check that the server is running and that the "
+        f"{waited:.1f} s ({said}); check that the server is running and that the "
         "DSN's host and port are right"
     )
 

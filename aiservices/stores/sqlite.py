@@ -245,6 +245,13 @@ class SqliteChatMemoryStore:
             return holder.conn
         return self._connect()
 
+    def _read_connection(self) -> sqlite3.Connection:
+        """The connection for a read, once the file is checked to be the one opened: a
+        read of a deleted file would show the model a conversation nothing more can be
+        written to, and the turn would fail only after the model was paid for."""
+        self._check_file()
+        return self._connection()
+
     def _connect(self) -> sqlite3.Connection:
         if self._closed:
             raise sqlite3.ProgrammingError(f"Cannot operate on a closed {self!r}")
@@ -390,7 +397,7 @@ class SqliteChatMemoryStore:
     def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
         """The messages in the window, oldest first; ``[]`` for an unknown id."""
         key = _key(memory_id)
-        rows = self._connection().execute(self._sql.read, (key,)).fetchall()
+        rows = self._read_connection().execute(self._sql.read, (key,)).fetchall()
         return self._parse(memory_id, rows) if rows else []
 
     def get_messages_since(
@@ -402,7 +409,7 @@ class SqliteChatMemoryStore:
         reused rather than parsed again: only rows newer than that read are fetched whole.
         """
         key = _key(memory_id)
-        conn = self._connection()
+        conn = self._read_connection()
         statement = self._sql.read_since
         after = since.after if isinstance(since, WindowRead) else -1
         rows = conn.execute(statement, (key, after)).fetchall()
@@ -618,7 +625,7 @@ class SqliteChatMemoryStore:
         history written earlier by a store with ``keep_history`` remain.
         """
         key = _key(memory_id)
-        rows = self._connection().execute(self._sql.read_history, (key, key)).fetchall()
+        rows = self._read_connection().execute(self._sql.read_history, (key, key)).fetchall()
         if not rows:
             return []
         messages = self._parse(memory_id, rows)
@@ -647,7 +654,7 @@ class SqliteChatMemoryStore:
     def memory_ids(self) -> Iterator[Hashable]:
         """The ids of the conversations this store holds (window or history), each as it
         was given."""
-        keys = [_key_text(key) for (key,) in self._connection().execute(self._sql.keys)]
+        keys = [_key_text(key) for (key,) in self._read_connection().execute(self._sql.keys)]
         return map(memory_id_of, keys)
 
     def check_memory_id(self, memory_id: Hashable) -> None:

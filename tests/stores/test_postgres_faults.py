@@ -217,6 +217,118 @@ async def test_a_stopped_server_fails_an_async_call_at_once(
         await acheck_recovered(bot, model, store, BEFORE)
 
 
+# -- a server with no room for another connection --------------------------------------------
+
+
+class Limited:
+    """A role that may hold two connections at once, as a full server allows no more."""
+
+    def __init__(self, cluster: PostgresCluster) -> None:
+        role = f"limited_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(cluster.dsn, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 2").format(sql.Identifier(role))
+            )
+            admin.execute(sql.SQL("GRANT ALL ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        self.dsn = cluster.dsn.replace("user=postgres", f"user={role}")
+        self.taken: list[psycopg.Connection[Any]] = []
+
+    def fill(self) -> None:
+        """Take every connection the role has left."""
+        while True:
+            try:
+                self.taken.append(psycopg.connect(self.dsn, connect_timeout=2))
+            except psycopg.OperationalError:
+                return
+
+    def free(self) -> None:
+        while self.taken:
+            self.taken.pop().close()
+
+
+@pytest.fixture
+def limited(running_postgres: PostgresCluster) -> Iterator[Limited]:  # noqa: F811
+    role = Limited(running_postgres)
+    try:
+        yield role
+    finally:
+        role.free()
+
+
+@pytest.mark.slow
+def test_a_full_server_leaves_the_pools_own_connections_in_use(
+    running_postgres: PostgresCluster,  # noqa: F811
+    limited: Limited,
+) -> None:
+    table = f"t_{uuid.uuid4().hex}"
+    with PostgresChatMemoryStore(limited.dsn, table=table, max_connections=3) as store:
+        store.update_messages("a", [user("one")])  # the pool holds one connection now
+        limited.fill()  # the pool can't grow any more
+        with psycopg.connect(running_postgres.dsn) as admin:
+            # A call that waits while the table is locked makes it try, and fail.
+            admin.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table))
+            )
+            failures: list[BaseException] = []
+
+            def read() -> None:
+                try:
+                    store.get_messages("a")
+                except psycopg.Error as exc:
+                    failures.append(exc)
+
+            # One more call than the role's two connections.
+            threads = [threading.Thread(target=read) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            time.sleep(1.0)
+            admin.rollback()
+            for thread in threads:
+                thread.join()
+            assert failures  # the calls that found no connection to use
+            for refused in failures:
+                assert "refused the connection" in str(refused)
+                assert "too many connections" in str(refused)
+                assert "unreachable" not in str(refused)
+            # One call at a time, the pool's idle connection serves while the server is full.
+            for n in range(3):
+                started = time.monotonic()
+                assert texts(store.get_messages("a")) == ["one"], n
+                assert time.monotonic() - started < 1.0
+        limited.free()
+        store.update_messages("a", [user("one"), user("two")])
+        assert texts(store.get_messages("a")) == ["one", "two"]
+
+
+@pytest.mark.slow
+async def test_a_full_server_leaves_the_async_pools_own_connections_in_use(
+    running_postgres: PostgresCluster,  # noqa: F811
+    limited: Limited,
+) -> None:
+    table = f"t_{uuid.uuid4().hex}"
+    async with PostgresChatMemoryStore(limited.dsn, table=table, max_connections=3) as store:
+        await store.aupdate_messages("a", [user("one")])
+        limited.fill()
+        with psycopg.connect(running_postgres.dsn) as admin:
+            admin.execute(
+                sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table))
+            )
+
+            async def unlock() -> None:
+                await asyncio.sleep(1.0)
+                admin.rollback()
+
+            found = await asyncio.gather(
+                *(store.aget_messages("a") for _ in range(3)), unlock(), return_exceptions=True
+            )
+            assert any(isinstance(f, psycopg.OperationalError) for f in found)
+            for n in range(3):
+                started = time.monotonic()
+                assert texts(await store.aget_messages("a")) == ["one"], n
+                assert time.monotonic() - started < 1.0
+        limited.free()
+
+
 # -- a server restarted under a pool of idle connections ------------------------------------------
 
 IDLE = 8  # a pool pausing after each failed check (1 s, 2 s, 4 s...) would reach the timeout

@@ -659,6 +659,38 @@ def test_a_database_file_deleted_or_replaced_takes_no_more_writes(
     store.close()
 
 
+@pytest.mark.parametrize("replaced", [False, True], ids=["deleted", "replaced"])
+def test_a_turn_on_a_deleted_or_replaced_file_fails_before_the_model_is_called(
+    tmp_path: Path, replaced: bool
+) -> None:
+    from typing import Annotated, Protocol
+
+    from aiservices import MemoryId, ai_service
+    from aiservices.testing import ScriptedChatModel
+
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    path = tmp_path / "c.db"
+    store = SqliteChatMemoryStore(path)
+    model = ScriptedChatModel(default="answer")
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=MessageWindowChatMemory.provider(10, store=store)
+    )
+    bot.chat("alice", "q1")
+    path.unlink()
+    if replaced:
+        SqliteChatMemoryStore(path).close()
+    for question in ("q2", "q3"):
+        with pytest.raises(sqlite3.OperationalError, match="was deleted or replaced"):
+            bot.chat("alice", question)
+    # The model is not paid for turns that could never be recorded.
+    assert len(model.requests) == 1
+    with pytest.raises(sqlite3.OperationalError, match="was deleted or replaced"):
+        store.get_messages("alice")
+    store.close()
+
+
 def _open_new_file(path: str, start: Any, results: Any) -> None:
     start.wait(30)
     try:
