@@ -618,7 +618,10 @@ def _with_distinct_ids(answer: AiMessage, sent: list[ChatMessage]) -> AiMessage:
     could not tell which call it answers.
     """
     requests = answer.tool_execution_requests
-    used = {r.id for m in sent if isinstance(m, AiMessage) for r in m.tool_execution_requests}
+    used: set[str] = set()
+    for m in sent:
+        if isinstance(m, AiMessage) and m.tool_execution_requests:
+            used.update([r.id for r in m.tool_execution_requests])
     if len(requests) == 1 and requests[0].id not in used:
         return answer
     distinct: list[ToolExecutionRequest] = []
