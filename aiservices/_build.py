@@ -335,6 +335,17 @@ def build(
         )
     elif chat_memory is not None and not callable(getattr(chat_memory, "messages", None)):
         problems.append(f"chat_memory={chat_memory!r} is not a ChatMemory")
+    if parameters is not None and not isinstance(parameters, ChatRequestParameters):
+        shown = (
+            f"the class {parameters.__name__}"
+            if isinstance(parameters, type)
+            else f"a {type(parameters).__name__}"
+        )
+        problems.append(
+            f"parameters is {shown}; pass ChatRequestParameters(...), such as "
+            "parameters=ChatRequestParameters(temperature=0.2)"
+        )
+        parameters = None
     if tool_provider is not None and not callable(tool_provider):
         problems.append("tool_provider must be a callable (memory_id, user_message) -> tools")
     if system_message_provider is not None and not callable(system_message_provider):

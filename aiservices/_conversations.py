@@ -167,7 +167,7 @@ class Conversations:
                 self._retired_evictions,
                 self._forgotten,
             )
-            cached = len(self._table)
+            cached = len(self._table) + len(others)
         for entry in entries:
             turns += entry.turns
             evictions += _evicted_while_cached(entry)

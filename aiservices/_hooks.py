@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from types import FunctionType
 from typing import Any, Final
 
 __all__ = ["Hooks", "emit", "logger"]
 
 logger: Final = logging.getLogger("aiservices")
 
-_HOOKS: Final = (
-    "on_call_start",
-    "on_request",
-    "on_response",
-    "on_tool_start",
-    "on_tool_end",
-    "on_call_end",
-    "on_error",
-)
+# Each hook with the arguments it is called with.
+_ARGUMENTS: Final = {
+    "on_call_start": ("call",),
+    "on_request": ("call", "request"),
+    "on_response": ("call", "request", "response"),
+    "on_tool_start": ("call", "request"),
+    "on_tool_end": ("call", "execution"),
+    "on_call_end": ("call", "result"),
+    "on_error": ("call", "error"),
+}
+_HOOKS: Final = tuple(_ARGUMENTS)
 
 
 class Hooks:
@@ -43,7 +46,8 @@ class Hooks:
     @staticmethod
     def check(listeners: Sequence[object]) -> list[str]:
         """Problems with the given listeners: a class instead of an instance, an object
-        without any known hook, an ``async def`` hook (hooks are called, never awaited)."""
+        without any known hook, an ``async def`` hook (hooks are called, never awaited), a
+        hook that can't take the arguments it is called with."""
         import inspect
 
         problems: list[str] = []
@@ -57,14 +61,32 @@ class Hooks:
                 problems.append(
                     f"listeners[{i}]: {listener!r} has none of the hooks {', '.join(_HOOKS)}"
                 )
-            problems += [
-                f"listeners[{i}]: {name} is async; hooks are plain functions, called "
-                "without being awaited (hand slow work to a queue)"
-                for name in _HOOKS
-                # Looked up on the class: a test double of a listener (unittest.mock's
-                # autospec) answers every question about its instance's methods with yes.
-                if inspect.iscoroutinefunction(getattr(type(listener), name, None))
-            ]
+            for name, arguments in _ARGUMENTS.items():
+                hook = getattr(listener, name, None)
+                if not callable(hook) or isinstance(listener, type):
+                    continue
+                # Looked up on the class, or set on the instance itself: a test double of a
+                # listener (unittest.mock's autospec) answers every question about its
+                # instance's methods with yes.
+                own = getattr(listener, "__dict__", {}).get(name)
+                if inspect.iscoroutinefunction(getattr(type(listener), name, None)) or (
+                    # (a function's own type and code: a mock of a method claims both)
+                    type(own) is FunctionType and own.__code__.co_flags & inspect.CO_COROUTINE
+                ):
+                    problems.append(
+                        f"listeners[{i}]: {name} is async; hooks are plain functions, called "
+                        "without being awaited (hand slow work to a queue)"
+                    )
+                    continue
+                try:
+                    inspect.signature(hook).bind(*arguments)
+                except TypeError:
+                    problems.append(
+                        f"listeners[{i}]: {name}{inspect.signature(hook)} can't take the "
+                        f"arguments it is called with: {name}({', '.join(arguments)})"
+                    )
+                except ValueError:
+                    pass  # no signature to read (a builtin): called as it is
         return problems
 
 

@@ -308,6 +308,7 @@ def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:
                 f"{type(system).__name__} for memory id {memory_id!r}; it returns the system "
                 "message's text (a str), or None for none"
             )
+        system = system or None  # empty, as a template that renders empty: none
     if user_template is not None:
         text = user_template.render(values)
     else:

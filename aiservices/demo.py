@@ -258,7 +258,16 @@ class _Unavailable(Exception):
 def _pick_model(provider: str, model: str | None) -> tuple[ChatModel, str, str | None]:
     """The model, its label, and a notice to show first (or ``None``)."""
     if model and ":" in model:
-        provider, _, model = model.partition(":")
+        # PROVIDER:MODEL only when it starts with a provider: a model's own name may hold a
+        # colon (llama3.1:8b).
+        prefix, _, name = model.partition(":")
+        named = prefix.strip().lower()
+        if named in _PROVIDERS:
+            if provider not in ("auto", named):
+                raise _Unavailable(
+                    f"--provider {provider} and --model {model} name two providers; give one"
+                )
+            provider, model = named, name.strip()
     if provider == "auto":
         for name, (key, _) in _PROVIDERS.items():
             if os.environ.get(key):

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, TypeAlias, TypeVar
 
 from .messages import AiMessage
+from .prompts import check_decorated
 
 __all__ = ["InputGuardrail", "OutputGuardrail", "guardrails"]
 
@@ -49,11 +50,7 @@ def guardrails(
     checked_output = _listed("output", output)
 
     def mark(target: _F) -> _F:
-        if not callable(target):
-            raise TypeError(
-                f"@guardrails(...) goes on an interface method or on the interface class, "
-                f"not on {target!r:.60}"
-            )
+        check_decorated(target, "@guardrails(...)")
         # Below this decorator, applied first: its guardrails run after these. A class's
         # own only: those of the interfaces it extends are gathered when it is planned.
         below_input, below_output = getattr(target, "__dict__", {}).get(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
@@ -30,6 +31,7 @@ def system_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T]
     text = _join(template, "system_message")
 
     def decorate(target: _T) -> _T:
+        check_decorated(target, "@system_message")
         _refuse_twice(target, SYSTEM_ATTRIBUTE, "system_message")
         setattr(target, SYSTEM_ATTRIBUTE, text)
         return target
@@ -45,13 +47,26 @@ def user_message(template: str | list[str] | tuple[str, ...]) -> Callable[[_T], 
     text = _join(template, "user_message")
 
     def decorate(target: _T) -> _T:
-        if isinstance(target, type):
-            raise TypeError("@user_message goes on a method, not on a class")
+        check_decorated(target, "@user_message", on_class=False)
         _refuse_twice(target, USER_ATTRIBUTE, "user_message")
         setattr(target, USER_ATTRIBUTE, text)
         return target
 
     return decorate
+
+
+def check_decorated(target: object, decorator: str, *, on_class: bool = True) -> None:
+    """Raise ``TypeError`` unless ``target`` is what an interface decorator goes on: a
+    method (plain, static or class, or a property) or, with ``on_class``, the interface."""
+    if inspect.isfunction(target) or isinstance(target, staticmethod | classmethod | property):
+        return
+    if on_class and isinstance(target, type):
+        return
+    where = "an interface method or on the interface class" if on_class else "a method"
+    raise TypeError(
+        f"{decorator} goes on {where}, not on {target!r:.60}; with the class decorator "
+        "form, write it below @ai_service(...), where it decorates the interface"
+    )
 
 
 def _refuse_twice(target: object, attribute: str, decorator: str) -> None:

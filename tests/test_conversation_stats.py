@@ -140,3 +140,16 @@ def test_a_memory_the_provider_hands_back_again_counts_its_evictions_once() -> N
     bot.chat("alice", "again")
     assert memories["alice"].evicted_messages == 6
     assert bot.conversation_stats().messages_evicted == 6
+
+
+def test_a_service_with_one_memory_counts_it_as_held() -> None:
+    class Single(ChatMemoryAccess, Protocol):
+        def chat(self, text: str) -> str: ...
+
+    bot = ai_service(
+        Single, model=ScriptedChatModel(default="ok"), chat_memory=MessageWindowChatMemory(4)
+    )
+    bot.chat("hi")
+    stats = bot.conversation_stats()
+    assert stats.cached_conversations == 1
+    assert stats.turns_committed == 1

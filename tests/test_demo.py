@@ -195,6 +195,23 @@ def test_provider_offline_ignores_a_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # A model's own colon is part of its name; the provider named in any case.
+        (("--provider", "openai", "--model", "llama3.1:8b"), "no OpenAI API key"),
+        (("--model", "OpenAI:gpt-4o-mini"), "no OpenAI API key"),
+        (("--provider", "anthropic", "--model", "openai:gpt-4o"), "name two providers"),
+    ],
+)
+def test_model_option_reads_provider_prefixes_as_the_registry_does(
+    tmp_path: Path, args: tuple[str, ...], said: str
+) -> None:
+    out = run_demo(tmp_path / "demo.db", "/quit", args=args, code=2)
+    assert said in out
+    assert "unknown provider" not in out
+
+
+@pytest.mark.parametrize(
     ("expression", "result"),
     [
         ("12 * (3 + 4)", "84"),

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Protocol
 import pytest
 
 from aiservices import MemoryId, MessageWindowChatMemory, ai_service, tool
-from aiservices.models import TokenUsage
+from aiservices.models import ChatRequest, TokenUsage
 from aiservices.observability import CallInfo
 from aiservices.testing import ScriptedChatModel, tool_call, tool_calls
 
@@ -175,6 +175,35 @@ def test_a_listener_class_or_an_async_hook_fails_the_build() -> None:
     assert failed.value.problems == [
         "listeners[0]: Recorder is a class; pass an instance (Recorder())",
         "listeners[1]: on_call_end is async; hooks are plain functions, called without being "
+        "awaited (hand slow work to a queue)",
+    ]
+
+
+def test_a_hook_that_cannot_take_its_arguments_or_is_async_on_the_instance_fails_the_build() -> (
+    None
+):
+    # Each would fail (or never run) at every call, logged and nothing more.
+    import types
+
+    from aiservices import InterfaceError
+
+    class Forgetful:
+        def on_request(self, request: ChatRequest) -> None: ...
+
+        def on_call_end(self, call: CallInfo, result: Any, *, extra: int) -> None: ...
+
+        def on_error(self, *args: Any) -> None: ...  # takes anything: fine
+
+    async def on_response(call: CallInfo, request: ChatRequest, response: Any) -> None: ...
+
+    with pytest.raises(InterfaceError) as failed:
+        make(ScriptedChatModel(), Forgetful(), types.SimpleNamespace(on_response=on_response))
+    assert failed.value.problems == [
+        "listeners[0]: on_request(request: 'ChatRequest') -> 'None' can't take the arguments "
+        "it is called with: on_request(call, request)",
+        "listeners[0]: on_call_end(call: 'CallInfo', result: 'Any', *, extra: 'int') -> 'None' "
+        "can't take the arguments it is called with: on_call_end(call, result)",
+        "listeners[1]: on_response is async; hooks are plain functions, called without being "
         "awaited (hand slow work to a queue)",
     ]
 

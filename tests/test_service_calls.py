@@ -205,6 +205,20 @@ def test_system_message_provider_gets_the_memory_id() -> None:
     assert model.last_system_text == "Talking to zoe"
 
 
+def test_a_system_message_provider_giving_an_empty_text_gives_no_system_message() -> None:
+    # As a template that renders empty: an empty system message would go on the wire.
+    class Bot(Protocol):
+        def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+    model = ScriptedChatModel(default="ok")
+    memory = MessageWindowChatMemory.provider()
+    bot = ai_service(
+        Bot, model=model, chat_memory_provider=memory, system_message_provider=lambda m: ""
+    )
+    bot.chat("zoe", "hi")
+    assert model.sent_texts() == [("user", "hi")]
+
+
 def test_none_memory_id_is_a_value_error_unless_optional() -> None:
     bot = ai_service(
         Chat,

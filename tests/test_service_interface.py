@@ -720,6 +720,45 @@ def test_a_result_around_a_stream_or_a_class_template_error_says_where_to_look()
     assert problem.startswith("Support.chat(): @system_message on Support uses {{product}}")
 
 
+@pytest.mark.parametrize(
+    "decorator",
+    [system_message("Be brief."), user_message("{{text}}"), guardrails(input=[lambda t: t])],
+)
+def test_an_interface_decorator_above_the_class_decorator_is_refused(decorator: Any) -> None:
+    # There it would decorate the service object, and do nothing.
+    class Bot(Protocol):
+        def __call__(self, text: str) -> str: ...
+
+    service = ai_service(model=ScriptedChatModel(default="ok"))(Bot)
+    with pytest.raises(TypeError, match="write it below @ai_service"):
+        decorator(service)
+
+
+def test_parameters_are_checked_when_made_and_when_given() -> None:
+    from aiservices.models import ChatRequestParameters
+
+    for wrong, said in [
+        ({"temperature": -1}, "temperature must be a number >= 0"),
+        ({"top_p": 5}, "top_p must be a number between 0 and 1"),
+        ({"temperature": True}, "temperature must be a number"),
+        ({"max_output_tokens": 0}, "max_output_tokens must be an int >= 1"),
+        ({"max_output_tokens": 10.5}, "max_output_tokens must be an int >= 1"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls must be True, False or None"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            ChatRequestParameters(**wrong)
+
+    class Bot(Protocol):
+        def chat(self, text: str) -> str: ...
+
+    assert problems(Bot, parameters={"temperature": 0.2}) == [
+        "parameters is a dict; pass ChatRequestParameters(...), such as "
+        "parameters=ChatRequestParameters(temperature=0.2)"
+    ]
+    [problem] = problems(Bot, parameters=ChatRequestParameters)
+    assert problem.startswith("parameters is the class ChatRequestParameters; pass")
+
+
 def test_a_method_named_like_the_memory_access_fails_the_build() -> None:
     class Tutor(Protocol):
         def chat(self, message: str) -> str: ...

@@ -68,6 +68,14 @@ class ChatRequestParameters:
     parallel_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_p)
+        tokens = self.max_output_tokens
+        if tokens is not None and not (_is_int(tokens) and tokens >= 1):
+            raise ValueError(f"max_output_tokens must be an int >= 1, not {tokens!r}")
+        if self.parallel_tool_calls not in (None, True, False):
+            raise ValueError(
+                f"parallel_tool_calls must be True, False or None, not {self.parallel_tool_calls!r}"
+            )
         choice = self.tool_choice
         if choice is not None and (not isinstance(choice, str) or not choice):
             raise ValueError(
@@ -79,6 +87,22 @@ class ChatRequestParameters:
                 f"stop_sequences must be a list of strings, not a str: "
                 f"stop_sequences=[{self.stop_sequences!r}]"
             )
+
+
+def check_sampling(temperature: float | None, top_p: float | None) -> None:
+    """Reject a ``temperature`` or ``top_p`` out of range."""
+    if temperature is not None and not (_is_number(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
+    if top_p is not None and not (_is_number(top_p) and 0 <= top_p <= 1):
+        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _NO_PARAMETERS = ChatRequestParameters()

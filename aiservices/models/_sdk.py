@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Protocol, Self, TypeVar
 
 from .._per_loop import PerLoop, close_in_loop
+from ._base import check_sampling
 
 __all__ = [
     "LazyClient",
@@ -265,14 +266,6 @@ def check_model_name(model: object, example: str) -> None:
     """Reject a model name that is not a non-empty string."""
     if not isinstance(model, str) or not model.strip():
         raise ValueError(f"model must be a non-empty model name such as {example!r}, not {model!r}")
-
-
-def check_sampling(temperature: float | None, top_p: float | None) -> None:
-    """Reject a default ``temperature`` or ``top_p`` out of range."""
-    if temperature is not None and not (isinstance(temperature, int | float) and temperature >= 0):
-        raise ValueError(f"temperature must be a number >= 0, not {temperature!r}")
-    if top_p is not None and not (isinstance(top_p, int | float) and 0 <= top_p <= 1):
-        raise ValueError(f"top_p must be a number between 0 and 1, not {top_p!r}")
 
 
 def check_transport(max_retries: int | None, timeout: object) -> None:
