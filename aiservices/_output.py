@@ -69,6 +69,8 @@ class OutputPlan:
     response_format: ResponseFormat | None
     returns_ai_message: bool = False
     _parser: Callable[[str | None], Any] = field(default=_text, repr=False, compare=False)
+    takes_text: bool = True
+    """Whether any text is a value of the type (``str``, ``str | None``, ``Verdict | str``)."""
 
     @property
     def type_name(self) -> str:
@@ -150,6 +152,7 @@ def _plan(annotation: Any) -> OutputPlan:
         wrapper = TypeAdapter(_new_typeddict("Value", {"value": prepared}))
     strict = _tighten(schema)
     admits_none = _admits_none(adapter)
+    takes_text = _admits_text(adapter)
     parser = _JsonParser(
         adapter,
         wrapper,
@@ -163,6 +166,7 @@ def _plan(annotation: Any) -> OutputPlan:
         annotation,
         ResponseFormat(_schema_name(annotation), schema, strict),
         _parser=parser,
+        takes_text=takes_text,
     )
 
 
@@ -247,26 +251,61 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
 
 def _check_hashable(tp: Any, item: Any) -> None:
     """Raise `_Unsupported` unless the items of the set ``tp`` can be hashed."""
-    kind = _unaliased(item)
-    origin = get_origin(kind)
-    if origin in _UNION_ORIGINS:
-        for member in get_args(kind):
-            _check_hashable(tp, member)
+    found = _unhashable(item, set())
+    if found is None:
         return
-    kind = origin or kind
-    if not isinstance(kind, type) or kind is tuple:
-        return
-    if typing_extensions.is_typeddict(kind) or getattr(kind, "__hash__", None) is None:
-        fix = (
-            " (or make it frozen: model_config = ConfigDict(frozen=True), or "
-            "@dataclass(frozen=True))"
-            if issubclass(kind, BaseModel) or dataclasses.is_dataclass(kind)
+    shown = _type_name(item)
+    if found is not item:
+        why = f", as it holds a {_type_name(found)}"
+    else:
+        kind = _unaliased(found)
+        can_freeze = isinstance(kind, type) and (
+            issubclass(kind, BaseModel) or dataclasses.is_dataclass(kind)
+        )
+        why = (
+            " (make it frozen: model_config = ConfigDict(frozen=True), or @dataclass(frozen=True))"
+            if can_freeze
             else ""
         )
-        raise _Unsupported(
-            f"the items of a {get_origin(tp).__name__} must be hashable, and "
-            f"{_type_name(item)} is not; declare list[{_type_name(item)}]{fix}"
-        )
+    raise _Unsupported(
+        f"the items of a {get_origin(tp).__name__} must be hashable, and {shown} is not{why}; "
+        f"declare list[{shown}]"
+    )
+
+
+def _unhashable(tp: Any, seen: set[int]) -> Any:
+    """The type in ``tp`` whose values can't be hashed (``tp`` itself, or one it holds: a
+    frozen model's field, a tuple's item), or ``None``."""
+    kind = _unaliased(tp)
+    if id(kind) in seen:
+        return None  # (a recursive type: its other parts are checked)
+    seen.add(id(kind))
+    origin = get_origin(kind)
+    if origin in _UNION_ORIGINS or origin is tuple or origin is frozenset:
+        for member in get_args(kind):
+            found = None if member is Ellipsis else _unhashable(member, seen)
+            if found is not None:
+                return found
+        return None
+    cls = origin or kind
+    if origin is Literal or not isinstance(cls, type):
+        return None
+    if typing_extensions.is_typeddict(cls) or getattr(cls, "__hash__", None) is None:
+        return tp
+    fields: list[Any] = []
+    if issubclass(cls, BaseModel):
+        fields = [f.annotation for f in cls.model_fields.values()]
+    elif dataclasses.is_dataclass(cls):
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:
+            return None
+        fields = [hints.get(f.name) for f in dataclasses.fields(cls) if f.hash is not False]
+    for field_type in fields:
+        found = None if field_type is None else _unhashable(field_type, seen)
+        if found is not None:
+            return found
+    return None
 
 
 def _prepare_class(tp: type, typeddicts: dict[type, type], *, lenient: bool) -> Any:
@@ -445,8 +484,11 @@ def _keys_if_all_optional(kind: type) -> frozenset[str] | None:
     their aliases (as the model is asked for them); a type that may read other keys (a root
     model, a model validator that runs before its fields) is left unchecked."""
     keys: set[str] = set()
+    config = getattr(kind, "model_config", None) or getattr(kind, "__pydantic_config__", None)
+    if (config or {}).get("extra") == "allow":
+        return None  # any key is data
     if issubclass(kind, BaseModel):
-        if kind.model_config.get("extra") == "allow" or issubclass(kind, RootModel):
+        if issubclass(kind, RootModel):
             return None  # any key is data
         validators = kind.__pydantic_decorators__.model_validators.values()
         if any(v.info.mode in ("before", "wrap") for v in validators):

@@ -100,17 +100,44 @@ class SchemaGenerator(GenerateJsonSchema):
 _MEANINGS: Final = "x-member-values"
 
 
-def _describe_meanings(node: Any) -> None:
+def _describe_meanings(root: dict[str, Any]) -> None:
+    """Write the noted meanings of enum values into descriptions: the enum's own, and
+    that of each field (or parameter) that refers to it with a description of its own,
+    which would hide the enum's."""
+    by_ref = {
+        f"#/$defs/{name}": found[_MEANINGS]
+        for name, found in (root.get("$defs") or {}).items()
+        if isinstance(found, dict) and _MEANINGS in found
+    }
+    if by_ref:
+        _describe_referrers(root, by_ref)
+    _describe_own(root)
+
+
+def _describe_referrers(node: Any, by_ref: dict[str, str]) -> None:
+    if isinstance(node, dict):
+        meanings = by_ref.get(node.get("$ref"))  # type: ignore[arg-type]
+        description = node.get("description")
+        if meanings is not None and isinstance(description, str):
+            node["description"] = f"{description} ({meanings})"
+        for value in node.values():
+            _describe_referrers(value, by_ref)
+    elif isinstance(node, list):
+        for value in node:
+            _describe_referrers(value, by_ref)
+
+
+def _describe_own(node: Any) -> None:
     if isinstance(node, dict):
         meanings = node.pop(_MEANINGS, None)
         if meanings is not None:
             description = node.get("description")
             node["description"] = f"{description} ({meanings})" if description else meanings
         for value in node.values():
-            _describe_meanings(value)
+            _describe_own(value)
     elif isinstance(node, list):
         for value in node:
-            _describe_meanings(value)
+            _describe_own(value)
 
 
 def _schema_name(name: str, metadata: tuple[Any, ...]) -> str:
@@ -179,11 +206,7 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                 "so that the model is told what to send (`typing.Any` accepts anything)"
             )
             continue
-        try:
-            annotation = with_twins(param.annotation, twins)
-        except UnreadableTypedDict as exc:
-            problems.append(f"{pwhere}: {exc}")
-            continue
+        annotation = param.annotation
         metadata: tuple[Any, ...] = (
             get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
         )
@@ -209,6 +232,12 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
                     f"{pwhere}: a second Context parameter (the first is {context}); mark only one"
                 )
             context = param.name
+            continue
+        try:
+            # Only what the model is shown: a Context or MemoryId is never validated.
+            annotation = with_twins(annotation, twins)
+        except UnreadableTypedDict as exc:
+            problems.append(f"{pwhere}: {exc}")
             continue
         default = param.default
         sent_as = _schema_name(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import threading
@@ -183,6 +184,13 @@ def _name_of(function: Any) -> str:
     name = getattr(target, "__name__", None)
     if name == "__call__":
         # A callable object is named after its class, as a function is after itself.
+        is_object = not (
+            target is function
+            or inspect.ismethod(function)
+            or isinstance(function, functools.partial)
+        )
+        if is_object:
+            return type(function).__name__  # the object's own class
         owner = getattr(target, "__qualname__", "").split(".")
         return owner[-2] if len(owner) > 1 else type(function).__name__
     return name if isinstance(name, str) else type(function).__name__
@@ -196,10 +204,16 @@ def _where(function: Any) -> str:
 
 def _doc_of(function: Any) -> str:
     target = _target(function)
-    # A method without a docstring of its own takes its base's, but never one of Python's
-    # own (object's __call__ is "Call self as a function."): that says nothing of a tool.
-    inherits = inspect.isfunction(target) and not target.__name__.startswith("__")
-    doc = inspect.getdoc(target) if inherits else target.__doc__
+    if not inspect.isfunction(target):
+        doc = target.__doc__
+    else:
+        # A method without a docstring of its own takes its base's, but never one of
+        # Python's own (object's __call__ is "Call self as a function."): that says
+        # nothing of a tool.
+        doc = inspect.getdoc(target)
+        builtin = getattr(object, target.__name__, None)
+        if doc and target.__doc__ is None and builtin is not None:
+            doc = None if doc == inspect.getdoc(builtin) else doc
     return inspect.cleandoc(doc) if doc else ""
 
 
@@ -266,6 +280,10 @@ def _collect(item: object, index: int, tools: list[_Tool], problems: list[str]) 
                     plan = _plan(bound.__func__, skip_first=True)
                 else:
                     plan = _plan(bound, skip_first=False)
+                if name == "__call__" and not (plan.options and plan.options.name):
+                    # The object is named after its own class, wherever __call__ is defined.
+                    spec = dataclasses.replace(plan.spec, name=type(item).__name__)
+                    plan = dataclasses.replace(plan, spec=spec)
                 tools.append(_Tool(plan, bound))
     except InterfaceError as exc:
         problems.extend(exc.problems)

@@ -759,31 +759,31 @@ _NOT_ONE: Final = object()
 
 def _direct_value(plan: MethodPlan, results: list[ToolExecution]) -> Any:
     output = plan.output
-    if len(results) > 1 and output.response_format is not None:
-        # Their texts as the items of one array (each as the JSON it is, else as text):
-        # -> list[Order] takes them all; -> Order cannot, and is never given one of them.
-        items = [_json_or_text(r.result) for r in results]
-        for array in (items, [r.result for r in results]):
-            try:
-                return output.parse(to_json(array).decode())
-            except ValueError:
-                pass
-        return _NOT_ONE
-    text = "\n".join(r.result for r in results)
+    text = results[0].result if len(results) == 1 else "\n".join(r.result for r in results)
     if output.returns_ai_message:
         return AiMessage(text)
-    if len(results) == 1 and output.response_format is not None:
-        text = results[0].result
-    try:
-        return output.parse(text)
-    except ValueError as error:
-        # No model wrote this: asking one again cannot help, so the caller is told at once.
-        names = ", ".join(dict.fromkeys(r.request.name for r in results))
-        raise OutputParseError(
-            f"{plan.qualname}: the result of the direct-return tool(s) {names} could not be "
-            f"parsed as {output.type_name}: {error}",
-            raw_text=text,
-        ) from error
+    tried = [text]
+    if not output.takes_text:
+        # The results as the items of one array (each as the JSON it is, else as text):
+        # -> list[Order] takes them all, or the one; -> Order is never given one of two.
+        items = [_json_or_text(r.result) for r in results]
+        tried = [text] if len(results) == 1 else []
+        tried += [to_json(items).decode(), to_json([r.result for r in results]).decode()]
+    errors: list[ValueError] = []
+    for candidate in tried:
+        try:
+            return output.parse(candidate)
+        except ValueError as failed:
+            errors.append(failed)
+    if len(results) > 1:
+        return _NOT_ONE
+    # No model wrote this: asking one again cannot help, so the caller is told at once.
+    names = ", ".join(dict.fromkeys(r.request.name for r in results))
+    raise OutputParseError(
+        f"{plan.qualname}: the result of the direct-return tool(s) {names} could not be "
+        f"parsed as {output.type_name}: {errors[0]}",
+        raw_text=text,
+    ) from errors[0]
 
 
 def _json_or_text(text: str) -> Any:

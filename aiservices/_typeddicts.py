@@ -90,10 +90,18 @@ def with_twins(tp: Any, done: dict[type, type] | None = None) -> Any:
     done = {} if done is None else done
     if is_typing_typeddict(tp):
         return twin(tp, done, lambda hint: with_twins(hint, done))
+    if isinstance(tp, typing_extensions.TypeAliasType):
+        value = with_twins(tp.__value__, done)
+        return tp if value is tp.__value__ else value
+    if hasattr(tp, "__supertype__"):  # typing.NewType: its values are the supertype's
+        value = with_twins(tp.__supertype__, done)
+        return tp if value is tp.__supertype__ else value
     args = get_args(tp)
     if not args:
         return tp
     origin = get_origin(tp)
+    if is_typing_typeddict(origin):
+        twin(origin, done, lambda hint: with_twins(hint, done))  # says why it can't be
     if origin is Annotated:
         inner = with_twins(tp.__origin__, done)
         return tp if inner is tp.__origin__ else Annotated[(inner, *tp.__metadata__)]

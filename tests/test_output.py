@@ -177,6 +177,11 @@ def test_plans_are_frozen_and_shared_per_type() -> None:
         plan.annotation = int  # type: ignore[misc]
 
 
+class FrozenTags(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    tags: list[str]
+
+
 class Cat(BaseModel):
     name: str
 
@@ -512,6 +517,15 @@ def test_a_typeddict_of_not_required_keys_written_as_strings_refuses_other_objec
         parse(Sparse, '{"person": {"name": "Bob"}}')
 
 
+class OpenTags(typing_extensions.TypedDict, total=False):
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+    color: str
+
+
+def test_a_typeddict_that_allows_extra_keys_takes_any_object() -> None:
+    assert parse(list[OpenTags], '[{"size": "XL"}]') == [{"size": "XL"}]
+
+
 def test_objects_with_their_fields_are_read_wherever_the_type_stands() -> None:
     assert parse(Found | None, '{"name": "Ada"}') == Found(name="Ada")
     assert parse(Found | None, "null") is None
@@ -697,7 +711,9 @@ UNSUPPORTED: list[tuple[Any, str]] = [
     (set[Verdict], "the items of a set must be hashable, and Verdict is not"),
     (frozenset[Point], "make it frozen"),
     (set[list[int]], "list[int] is not; declare list[list[int]]"),
-    (set[dict[str, int] | None], "dict[str, int] is not"),
+    (set[dict[str, int] | None], "is not, as it holds a dict[str, int]"),
+    (set[FrozenTags], "FrozenTags is not, as it holds a list[str]; declare list[FrozenTags]"),
+    (set[tuple[list[int], ...]], "as it holds a list[int]"),
     (set[FoundPrefs], "FoundPrefs is not"),
     (Result[int] | None, "Result[T] wraps the whole return type"),
     (list[Result[int]], "declare Result[T | None]"),
@@ -780,8 +796,12 @@ def test_enum_values_that_are_not_text_are_described_by_their_members_names() ->
 
     class Task(BaseModel):
         level: Level
+        urgency: Level = Field(description="How soon")
 
-    assert _schema(Task)["$defs"]["Level"]["description"] == "1 = LOW, 2 = HIGH"
+    schema = _schema(Task)
+    assert schema["$defs"]["Level"]["description"] == "1 = LOW, 2 = HIGH"
+    # A field's own description would hide the enum's: the meanings go with it.
+    assert schema["properties"]["urgency"]["description"] == "How soon (1 = LOW, 2 = HIGH)"
 
 
 def _schema(annotation: Any) -> dict[str, Any]:

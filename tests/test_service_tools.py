@@ -251,6 +251,8 @@ def test_several_direct_results_are_one_list_or_go_to_the_model() -> None:
 
         def price(self, text: str) -> Quote: ...
 
+        def remark(self, text: str) -> str | None: ...
+
     both = tool_calls(("quote", {"symbol": "A"}), ("quote", {"symbol": "B"}))
     model = ScriptedChatModel(
         both,
@@ -269,6 +271,12 @@ def test_several_direct_results_are_one_list_or_go_to_the_model() -> None:
         '{"symbol":"A","price":10.5}',
         '{"symbol":"B","price":10.5}',
     ]
+    # A type that takes any text takes their texts, as a str method does.
+    model.add_replies(tool_calls(("note", {"symbol": "A"}), ("note", {"symbol": "B"})))
+    assert bot.remark("A and B?") == "A is {quiet}\nB is {quiet}"
+    # One result for a list is its one item, as several are its items.
+    model.add_replies(tool_call("quote", symbol="C"))
+    assert bot.prices("C?") == [Quote(symbol="C", price=10.5)]
 
 
 def test_tool_provider_adds_tools_per_call() -> None:

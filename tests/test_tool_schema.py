@@ -8,6 +8,7 @@ import warnings
 from typing import Annotated, Any, Literal, Optional
 
 import pytest
+import typing_extensions
 from pydantic import BaseModel, Field, ValidationError
 
 from aiservices._tool_schema import (
@@ -467,6 +468,36 @@ def test_a_typing_typeddict_parameter_is_read_on_every_python() -> None:
     }
     with pytest.raises(ValidationError):
         signature.bind('{"parcel": {"note": "no destination"}}', None)
+
+
+class Unresolvable(typing.TypedDict):
+    session: "NotDefinedAnywhere"  # type: ignore[name-defined] # noqa: F821
+
+
+Aliased = typing_extensions.TypeAliasType("Aliased", Parcel)
+
+
+def test_typeddicts_the_model_never_sees_are_left_as_they_are() -> None:
+    # A Context parameter is handed over as given, never validated: its type may name
+    # what only a type checker sees.
+    def whoami(ctx: Annotated[Unresolvable, Context], name: str) -> str:
+        return name
+
+    signature = read_signature(whoami, skip_first=False, where="whoami")
+    assert list(signature.schema["properties"]) == ["name"]
+
+    def ship(parcel: Aliased) -> str:  # type: ignore[valid-type]
+        return "ok"
+
+    shipped = read_signature(ship, skip_first=False, where="ship")
+    assert shipped.schema["properties"]["parcel"]["required"] == ["to"]
+
+
+def test_an_enum_parameter_with_a_description_of_its_own_keeps_the_values_meanings() -> None:
+    def paint(size: Annotated[Size, Field(description="The size")]) -> None: ...
+
+    schema = schema_of(paint, skip_first=False)
+    assert schema["properties"]["size"]["description"] == "The size (1 = S, 2 = L)"
 
 
 def test_two_parameters_sent_under_one_name_are_an_interface_error() -> None:

@@ -180,11 +180,30 @@ def test_a_callable_object_is_named_after_its_class_and_has_no_borrowed_descript
             """Tomorrow's weather in a city."""
             return city
 
-    specs = Toolbox.from_objects([Weather(), tool(Forecast())]).specifications
-    # Not "__call__", and not object's "Call self as a function."
+    class Lookup:
+        def __call__(self, key: str) -> str:
+            """Look the key up."""
+            return key
+
+    class Orders(Lookup):
+        pass
+
+    class Customers(Lookup):
+        pass
+
+    class Tagged(Weather):
+        pass
+
+    items = [Weather(), tool(Forecast()), tool(Orders()), tool(Customers()), Tagged()]
+    specs = Toolbox.from_objects(items).specifications
+    # Not "__call__", and not object's "Call self as a function." Each object is named
+    # after its own class, and takes the docstring of the __call__ it inherits.
     assert [(s.name, s.description) for s in specs] == [
         ("Weather", ""),
         ("Forecast", "Tomorrow's weather in a city."),
+        ("Orders", "Look the key up."),
+        ("Customers", "Look the key up."),
+        ("Tagged", ""),
     ]
 
 

@@ -316,10 +316,6 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
                 kwargs["tool_choice"] = {"type": "tool", "name": output_tool}
             elif choice not in ("auto", "required"):
                 kwargs["tool_choice"] = _tool_choice(choice)  # the named tool first
-        if not tools:
-            tools = _history_tools(request.messages)
-            if tools:
-                kwargs["tool_choice"] = {"type": "none"}
         if tools:
             kwargs["tools"] = tools
             current = kwargs.get("tool_choice", {"type": "auto"})
@@ -335,6 +331,12 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             kwargs["stop_sequences"] = list(p.stop_sequences)
         if p.extra:
             merge_extra(kwargs, p.extra, _CREATE_KWARGS)
+        if "tools" not in kwargs and "tools" not in (kwargs.get("extra_body") or {}):
+            # (Tools given through extra= define tools too.)
+            called = _history_tools(request.messages)
+            if called:
+                kwargs["tools"] = called
+                kwargs.setdefault("tool_choice", {"type": "none"})
         if native is not None:
             # Beside the other settings of output_config (effort, say) given in extra=, on
             # the model or the request; the schema of a typed answer always wins.

@@ -1754,6 +1754,24 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+# What a server that refuses a connection says (in English, its default), and what to do.
+_REFUSALS: Final = (
+    (
+        ("too many clients", "too many connections", "remaining connection slots"),
+        "it has no room for another connection until some close: lower the "
+        "max_connections= of the stores sharing it, or raise the server's",
+    ),
+    (
+        ("starting up", "shutting down", "in recovery mode", "not yet accepting"),
+        "it is starting or stopping: try again shortly",
+    ),
+    (
+        ("authentication failed", "password", "does not exist", "no pg_hba.conf entry"),
+        "check the DSN's user, password and database",
+    ),
+)
+
+
 def _unreachable(where: str, error: psycopg.Error, waited: float) -> psycopg.Error:
     # The cause's own class: a ConnectionTimeout stays one.
     if not isinstance(error, psycopg.OperationalError):
@@ -1764,12 +1782,13 @@ def _unreachable(where: str, error: psycopg.Error, waited: float) -> psycopg.Err
         )
     said = _one_line(error)
     if "FATAL:" in said:
-        # The server answered, and refused: its reason is the advice.
+        # The server answered, and refused: its reason decides the advice.
+        advice = next(
+            (fix for words, fix in _REFUSALS if any(w in said for w in words)),
+            "see the server's reason",
+        )
         return type(error)(
-            f"the PostgreSQL server at {where} refused the connection ({said}); a server "
-            "with too many clients has no room until some disconnect (lower the "
-            "max_connections= of the stores sharing it, or raise the server's); else check "
-            "the DSN's user, password and database"
+            f"the PostgreSQL server at {where} refused the connection ({said}); {advice}"
         )
     return type(error)(
         f"the PostgreSQL server at {where} is unreachable: an attempt to connect failed after "

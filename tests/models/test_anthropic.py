@@ -876,6 +876,12 @@ def test_tool_blocks_in_a_request_that_offers_no_tools_come_with_their_tools_dec
     anthropic_model().chat(ChatRequest(history, tools=[WEATHER]))
     assert [t["name"] for t in anthropic_server.bodies[1]["tools"]] == ["get_weather"]
     assert "tool_choice" not in anthropic_server.bodies[1]
+    # Tools given through extra= (a server tool) define tools too, and stay usable.
+    search = {"type": "web_search_20250305", "name": "web_search"}
+    anthropic_server.reply_text("Found it.")
+    anthropic_model(extra={"tools": [search]}).chat(ChatRequest(history))
+    assert anthropic_server.bodies[2]["tools"] == [search]
+    assert "tool_choice" not in anthropic_server.bodies[2]
 
 
 def test_a_failed_tool_result_is_marked_as_an_error(

@@ -329,6 +329,19 @@ async def test_a_full_server_leaves_the_async_pools_own_connections_in_use(
         limited.free()
 
 
+@pytest.mark.slow
+def test_a_server_that_refuses_a_role_says_so_rather_than_unreachable(
+    running_postgres: PostgresCluster,  # noqa: F811
+) -> None:
+    dsn = running_postgres.dsn.replace("user=postgres", "user=nobody_here")
+    with pytest.raises(psycopg.OperationalError) as caught:
+        PostgresChatMemoryStore(dsn, table=f"t_{uuid.uuid4().hex}").get_messages("a")
+    said = str(caught.value)
+    assert "refused the connection" in said
+    assert "check the DSN's user, password and database" in said
+    assert "unreachable" not in said
+
+
 # -- a server restarted under a pool of idle connections ------------------------------------------
 
 IDLE = 8  # a pool pausing after each failed check (1 s, 2 s, 4 s...) would reach the timeout
