@@ -38,7 +38,7 @@ from .messages import AiMessage, ChatMessage
 from .models import ResponseFormat
 from .models._strict import is_strict_schema
 
-__all__ = ["OutputPlan", "UnsupportedOutputType", "plan_output"]
+__all__ = ["OutputPlan", "UnsupportedOutputType", "plan_output", "unhashable_part"]
 
 _SUPPORTED: Final = (
     "str, AiMessage, bool, int, float, Decimal, date, datetime, time, timedelta, UUID, "
@@ -251,7 +251,7 @@ def _prepare(tp: Any, typeddicts: dict[type, type], *, lenient: bool) -> Any:
 
 def _check_hashable(tp: Any, item: Any) -> None:
     """Raise `_Unsupported` unless the items of the set ``tp`` can be hashed."""
-    found = _unhashable(item, set())
+    found = unhashable_part(item)
     if found is None:
         return
     shown = _type_name(item)
@@ -273,9 +273,10 @@ def _check_hashable(tp: Any, item: Any) -> None:
     )
 
 
-def _unhashable(tp: Any, seen: set[int]) -> Any:
+def unhashable_part(tp: Any, seen: set[int] | None = None) -> Any:
     """The type in ``tp`` whose values can't be hashed (``tp`` itself, or one it holds: a
     frozen model's field, a tuple's item), or ``None``."""
+    seen = set() if seen is None else seen
     kind = _unaliased(tp)
     if id(kind) in seen:
         return None  # (a recursive type: its other parts are checked)
@@ -283,7 +284,7 @@ def _unhashable(tp: Any, seen: set[int]) -> Any:
     origin = get_origin(kind)
     if origin in _UNION_ORIGINS or origin is tuple or origin is frozenset:
         for member in get_args(kind):
-            found = None if member is Ellipsis else _unhashable(member, seen)
+            found = None if member is Ellipsis else unhashable_part(member, seen)
             if found is not None:
                 return found
         return None
@@ -302,7 +303,7 @@ def _unhashable(tp: Any, seen: set[int]) -> Any:
             return None
         fields = [hints.get(f.name) for f in dataclasses.fields(cls) if f.hash is not False]
     for field_type in fields:
-        found = None if field_type is None else _unhashable(field_type, seen)
+        found = None if field_type is None else unhashable_part(field_type, seen)
         if found is not None:
             return found
     return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 from ._events import StreamEvent
-from ._output import OutputPlan, UnsupportedOutputType, plan_output
+from ._output import OutputPlan, UnsupportedOutputType, plan_output, unhashable_part
 from ._result import Result
 from ._templates import BUILTIN_VARIABLES, Template
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, TextStream
@@ -221,14 +221,6 @@ def _is_text_type(annotation: Any) -> bool:
     return False
 
 
-def _is_hashable_type(annotation: Any) -> bool:
-    base, _ = _strip_annotated(annotation)
-    origin = get_origin(base)
-    if origin is Union or origin is types.UnionType:
-        return all(_is_hashable_type(a) for a in get_args(base) if a is not type(None))
-    return not (origin in (list, dict, set) or base in (list, dict, set, bytearray))
-
-
 def _return_kind(annotation: Any, is_async: bool) -> tuple[CallKind, Any, bool] | str:
     """The call kind, the inner type to parse, and whether it is wrapped in ``Result``.
 
@@ -392,7 +384,7 @@ def plan_method(
             else:
                 memory_index = index
                 memory_optional = _admits_none(annotation)
-                if not _is_hashable_type(annotation):
+                if unhashable_part(annotation) is not None:
                     problems.append(
                         _problem(
                             pwhere,

@@ -850,3 +850,20 @@ def test_a_user_name_may_be_any_kind_of_text() -> None:
 
     bot = build(Bot)
     assert bot.a(Handle("ada"), "hi") == "ok"  # type: ignore[attr-defined]
+
+
+class Account(BaseModel):
+    number: str
+
+
+def test_a_memory_id_whose_values_cannot_be_hashed_fails_the_build() -> None:
+    class Bot(Protocol):
+        def by_tags(self, tags: Annotated[list[str], MemoryId], text: str) -> str: ...
+
+        def by_account(self, account: Annotated[Account, MemoryId], text: str) -> str: ...
+
+        def by_name(self, name: Annotated[str | None, MemoryId], text: str) -> str: ...
+
+    found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
+    assert [p.split(":")[0] for p in found] == ["Bot.by_tags(tags)", "Bot.by_account(account)"]
+    assert all("a MemoryId must be hashable" in p for p in found)
