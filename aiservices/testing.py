@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .messages import (
@@ -28,13 +29,29 @@ from .messages import (
 )
 from .models import ChatRequest, ChatResponse, TokenUsage
 
-__all__ = ["Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
+__all__ = ["Interrupted", "Reply", "ScriptedChatModel", "tool_call", "tool_calls"]
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A reply that streams ``text`` and then raises ``error``, as a connection dropped
+    midway does; a call that does not stream raises ``error`` at once."""
+
+    text: str
+    error: BaseException | type[BaseException]
+
 
 Reply: TypeAlias = (
-    "str | AiMessage | ChatResponse | BaseException | Callable[[ChatRequest], Reply | None]"
+    "str | AiMessage | ChatResponse | Interrupted | BaseException"
+    " | Callable[[ChatRequest], Reply | None]"
 )
 """A scripted answer: text, a message, a whole response, an error (or its class) to raise,
-or a function of the request that returns one of those."""
+a stream broken midway, or a function of the request that returns one of those."""
+
+_KINDS = (
+    "a str, an AiMessage, a ChatResponse, an Interrupted, an exception (or its class) or a "
+    "callable (request) -> reply"
+)
 
 _ids = iter(range(1, 1 << 62))
 _ids_lock = threading.Lock()
@@ -49,22 +66,17 @@ def _check_replies(replies: tuple[object, ...], where: str) -> None:
     for reply in replies:
         if isinstance(reply, list | tuple):
             raise TypeError(
-                f"{where}: a reply is a str, an AiMessage, a ChatResponse, an exception or a "
-                f"callable, not a {type(reply).__name__}; pass the replies one by one: "
-                "ScriptedChatModel(*replies)"
+                f"{where}: a reply is {_KINDS}, not a {type(reply).__name__}; pass the "
+                "replies one by one: ScriptedChatModel(*replies)"
             )
         if not (
-            isinstance(reply, str | AiMessage | ChatResponse | BaseException) or callable(reply)
+            isinstance(reply, str | AiMessage | ChatResponse | Interrupted | BaseException)
+            or callable(reply)
         ):
-            raise TypeError(
-                f"{where}: a reply is a str, an AiMessage, a ChatResponse, an exception or a "
-                f"callable (request) -> reply, not {reply!r:.60}"
-            )
+            raise TypeError(f"{where}: a reply is {_KINDS}, not {reply!r:.60}")
         if isinstance(reply, type) and not issubclass(reply, BaseException):
             raise TypeError(
-                f"{where}: the class {reply.__name__} is not a reply; a reply is a str, an "
-                "AiMessage, a ChatResponse, an exception (or its class) or a callable "
-                "(request) -> reply"
+                f"{where}: the class {reply.__name__} is not a reply; a reply is {_KINDS}"
             )
 
 
@@ -89,6 +101,12 @@ class ScriptedChatModel:
     ``AssertionError`` naming the request). ``delay`` seconds are slept (or awaited, on the
     async path) before each answer. ``usage`` is reported with every answer that has none.
     ``chunk_size`` splits streamed text into pieces of that many characters.
+
+    A scripted tool request must name a tool the request offers, with the arguments its
+    schema requires and no others it refuses: else the call fails with an
+    ``AssertionError``, since the service would only tell the model its mistake and the test
+    could pass with no tool run. ``check_tools=False`` lets such requests through, to test
+    how a service answers a model that names a tool wrongly.
     """
 
     def __init__(
@@ -99,6 +117,7 @@ class ScriptedChatModel:
         usage: TokenUsage | None = None,
         chunk_size: int = 4,
         model_name: str = "scripted",
+        check_tools: bool = True,
     ) -> None:
         _check_replies(replies, "ScriptedChatModel(...)")
         if default is not None:
@@ -110,6 +129,7 @@ class ScriptedChatModel:
         self.usage = usage
         self.chunk_size = chunk_size
         self.model_name = model_name
+        self.check_tools = check_tools
         self.requests: list[ChatRequest] = []
 
     # -- scripting ------------------------------------------------------------------
@@ -127,8 +147,14 @@ class ScriptedChatModel:
 
     def assert_all_used(self) -> None:
         """Fail if some scripted replies were never asked for."""
-        if self._replies:
-            raise AssertionError(f"{len(self._replies)} scripted replies were not used")
+        left = list(self._replies)
+        if left:
+            shown = ", ".join(f"{reply!r:.80}" for reply in left[:5])
+            more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+            raise AssertionError(
+                f"{len(left)} scripted {'reply was' if len(left) == 1 else 'replies were'} "
+                f"not used: {shown}{more}"
+            )
 
     # -- what was sent ----------------------------------------------------------------
 
@@ -162,11 +188,17 @@ class ScriptedChatModel:
 
     def sent_texts(self, index: int = -1) -> list[tuple[str, str | None]]:
         """``(type, text)`` of each message in request ``index``, for compact assertions."""
-        return [(_kind(m), m.text) for m in self.requests[index].messages]
+        try:
+            request = self.requests[index]
+        except IndexError:
+            raise AssertionError(
+                f"the model received {len(self.requests)} request(s): there is no request {index}"
+            ) from None
+        return [(_kind(m), m.text) for m in request.messages]
 
     # -- the ChatModel protocol ---------------------------------------------------------
 
-    def _next(self, request: ChatRequest) -> ChatResponse:
+    def _next(self, request: ChatRequest) -> ChatResponse | Interrupted:
         with self._lock:
             self.requests.append(request)
             if self._replies:
@@ -180,9 +212,18 @@ class ScriptedChatModel:
             )
         return self._respond(reply, request)
 
-    def _respond(self, reply: Reply | None, request: ChatRequest) -> ChatResponse:
-        while callable(reply) and not isinstance(reply, type):
-            reply = reply(request)
+    def _respond(self, reply: Reply | None, request: ChatRequest) -> ChatResponse | Interrupted:
+        if callable(reply) and not isinstance(reply, type):
+            function = reply
+            reply = function(request)
+            if callable(reply) and not isinstance(reply, type):
+                raise TypeError(
+                    f"the reply function {function!r:.60} returned {reply!r:.60}, a callable: "
+                    f"a reply function returns {_KINDS.rpartition(' or ')[0]} or None"
+                )
+            _check_replies((reply,) if reply is not None else (), "a reply function's answer")
+        if isinstance(reply, Interrupted):
+            return reply
         if isinstance(reply, BaseException) or (
             isinstance(reply, type) and issubclass(reply, BaseException)
         ):
@@ -197,29 +238,41 @@ class ScriptedChatModel:
             message = reply
         else:
             raise TypeError(f"not a scripted reply: {reply!r}")
+        if message.tool_execution_requests and self.check_tools:
+            _check_tool_requests(message, request)
         finish = "tool_calls" if message.tool_execution_requests else "stop"
         return ChatResponse(message, self.usage, finish)
 
     def chat(self, request: ChatRequest) -> ChatResponse:
         if self.delay:
             time.sleep(self.delay)
-        return self._next(request)
+        return _answer(self._next(request))
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
         if self.delay:
             await asyncio.sleep(self.delay)
-        return self._next(request)
+        return _answer(self._next(request))
 
     def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]:
-        response = self.chat(request)
-        yield from self._chunks(response.ai_message.text)
-        yield response
+        if self.delay:
+            time.sleep(self.delay)
+        reply = self._next(request)
+        if isinstance(reply, Interrupted):
+            yield from self._chunks(reply.text)
+            raise reply.error
+        yield from self._chunks(reply.ai_message.text)
+        yield reply
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
-        response = await self.achat(request)
-        for chunk in self._chunks(response.ai_message.text):
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        reply = self._next(request)
+        text = reply.text if isinstance(reply, Interrupted) else reply.ai_message.text
+        for chunk in self._chunks(text):
             yield chunk
-        yield response
+        if isinstance(reply, Interrupted):
+            raise reply.error
+        yield reply
 
     def _chunks(self, text: str | None) -> Iterable[str]:
         if not text:
@@ -229,6 +282,53 @@ class ScriptedChatModel:
 
     def __repr__(self) -> str:
         return f"ScriptedChatModel(remaining={self.remaining}, requests={len(self.requests)})"
+
+
+def _answer(reply: ChatResponse | Interrupted) -> ChatResponse:
+    if isinstance(reply, Interrupted):  # nothing streamed: the error comes at once
+        raise reply.error
+    return reply
+
+
+def _check_tool_requests(message: AiMessage, request: ChatRequest) -> None:
+    """Fail when a scripted tool request does not fit the tools the request offers."""
+    offered = {spec.name: spec for spec in request.tools}
+    for call in message.tool_execution_requests:
+        spec = offered.get(call.name)
+        if spec is None:
+            names = ", ".join(repr(name) for name in offered)
+            raise AssertionError(
+                f"the script asks for the tool {call.name!r}, but the request offers "
+                + (f"only {names}" if names else "no tools (pass tools=[...] to ai_service)")
+                + "; fix the script or the service's tools, or make the model with "
+                "check_tools=False to test a request for a tool that is not there"
+            )
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError:
+            continue  # scripted on purpose: the service answers malformed JSON itself
+        if not isinstance(arguments, dict):
+            continue
+        schema = spec.parameters
+        properties = schema.get("properties") or {}
+        missing = [name for name in schema.get("required") or () if name not in arguments]
+        unknown = (
+            [name for name in arguments if name not in properties]
+            if schema.get("additionalProperties") is False
+            else []
+        )
+        if missing or unknown:
+            problems = []
+            if missing:
+                problems.append("leaves out " + ", ".join(map(repr, missing)))
+            if unknown:
+                problems.append("passes " + ", ".join(map(repr, unknown)) + ", which it has not")
+            raise AssertionError(
+                f"the script's call of the tool {call.name!r} {' and '.join(problems)} "
+                f"(its parameters: {', '.join(map(repr, properties)) or 'none'}); fix the "
+                "script, or make the model with check_tools=False to test a call with wrong "
+                "arguments"
+            )
 
 
 def _kind(message: ChatMessage) -> str:

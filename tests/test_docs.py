@@ -34,6 +34,7 @@ RUNNABLE_PAGES = [
     "retrieval.md",
     "observability.md",
     "coming-from-langchain4j.md",
+    "testing.md",
 ]
 
 _FENCE = re.compile(

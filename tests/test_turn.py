@@ -316,7 +316,9 @@ def test_a_new_system_message_is_stamped_before_the_user_message_it_precedes() -
 
 def test_a_tool_request_without_tools_is_answered_with_an_error_then_the_turn_goes_on() -> None:
     request = ToolExecutionRequest("c1", "lookup", '{"order": "42"}')
-    model = ScriptedChatModel(AiMessage(tool_execution_requests=[request]), "Sorry, no tools.")
+    model = ScriptedChatModel(
+        AiMessage(tool_execution_requests=[request]), "Sorry, no tools.", check_tools=False
+    )
     bot = _build(model, max_messages=10)
     assert bot.chat("alice", "Where is my order?") == "Sorry, no tools."
     kinds = [type(m).__name__ for m in bot.get_chat_memory("alice").messages()]
