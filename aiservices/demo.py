@@ -179,8 +179,22 @@ _QUESTION: Final = re.compile(
     r"what did i (?:say|tell you)|what do you know about me)\b",
     re.I,
 )
-# Digits and operators with at least one operator between two operands: "12 * (3 + 4)".
-_ARITHMETIC: Final = re.compile(r"[\d(][\d.(]*(?:\s*(?:\*\*|//|[-+*/%])[\s\d.()]*[\d)])+", re.ASCII)
+# A run of numbers, operators and parentheses ("-5 + 3", "12 * (3 + 4)", "5 - (-3)") is a
+# calculation when an operator stands between two operands and the user asks for it: a
+# question, or the calculation alone ("10-12 Main Street" is an address).
+_ARITHMETIC: Final = re.compile(r"(?<![\w.])(?:-\s*)?[\d(][\d\s.()+\-*/%]*[\d)]", re.ASCII)
+_BINARY: Final = re.compile(r"[\d)]\s*(?:\*\*|//|[-+*/%])\s*[-(\d]", re.ASCII)
+_ASKED: Final = re.compile(r"\?|^\s*(?:calculate|compute|what is|what's|how much is)\b", re.I)
+
+
+def _calculation(question: str) -> str | None:
+    """The calculation the user asks for, if any: the last one written."""
+    found = [m for m in _ARITHMETIC.finditer(question) if _BINARY.search(m.group())]
+    if not found:
+        return None
+    last = found[-1]
+    alone = not question[: last.start()].strip() and not question[last.end() :].strip(" .=!")
+    return last.group() if alone or _ASKED.search(question) else None
 
 
 class OfflineDemoModel:
@@ -201,9 +215,9 @@ class OfflineDemoModel:
         if request.response_format is not None:
             return ChatResponse(AiMessage(self._profile(said[:-1]).model_dump_json()))
         question = said[-1] if said else ""
-        arithmetic = _ARITHMETIC.search(question)
+        arithmetic = _calculation(question)
         if arithmetic and any(t.name == "calculate" for t in request.tools):
-            arguments = json.dumps({"expression": arithmetic.group().strip()})
+            arguments = json.dumps({"expression": arithmetic})
             call = ToolExecutionRequest(f"call_{next(self._ids)}", "calculate", arguments)
             return ChatResponse(AiMessage(tool_execution_requests=[call]))
         return ChatResponse(AiMessage(self._recall(question, said[:-1])))
@@ -279,13 +293,21 @@ def _pick_model(provider: str, model: str | None) -> tuple[ChatModel, str, str |
                         f"{key} is set, but {problem}\nMeanwhile the offline model answers."
                     )
         keys = " or ".join(key for key, _ in _PROVIDERS.values())
-        return _offline(None, f" (no {keys} set)")
+        unused = f"--model {model} is not used: no {keys} is set." if model else None
+        return _offline(unused, f" (no {keys} set)")
     if provider == "offline":
         return _offline(None)
     if provider not in _PROVIDERS:
         known = ", ".join(_PROVIDERS)
         raise _Unavailable(f"unknown provider {provider!r}; use {known} or offline.")
     return (*_provider_model(provider, model), None)
+
+
+def _install_advice(extra: str) -> str:
+    """How to install an extra: in a clone (an editable install), or from the index."""
+    if (Path(__file__).resolve().parent.parent / "pyproject.toml").is_file():
+        return f'In the clone, install it with\n    pip install -e ".[{extra}]"'
+    return f'Install it with\n    pip install "aiservices[{extra}]"'
 
 
 def _offline(notice: str | None, why: str = "") -> tuple[ChatModel, str, str | None]:
@@ -302,8 +324,7 @@ def _provider_model(provider: str, model: str | None) -> tuple[ChatModel, str]:
         if exc.name != provider:
             raise
         raise _Unavailable(
-            f"the {provider!r} package is not installed.\nIn the clone, install it with\n"
-            f'    pip install -e ".[{provider}]"'
+            f"the {provider!r} package is not installed.\n{_install_advice(provider)}"
         ) from None
     except ValueError as exc:  # no key, a bad model name
         raise _Unavailable(str(exc)) from None
@@ -429,14 +450,19 @@ def _run(args: argparse.Namespace, read: TextIO, screen: _Screen, interactive: b
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401 - imported for its effect on input()
 
+    import sqlite3
+
     from .stores.sqlite import SqliteChatMemoryStore
 
+    try:
+        store = SqliteChatMemoryStore(args.db)
+    except (sqlite3.Error, OSError) as problem:
+        screen.say(f"error: {problem}")  # (the store's message names the file and the fix)
+        return 2
     bot = ai_service(
         _Chatbot,
         model=model,
-        chat_memory_provider=MessageWindowChatMemory.provider(
-            max_messages=20, store=SqliteChatMemoryStore(args.db)
-        ),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20, store=store),
         tools=[calculate],
     )
     if notice:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aiservices.demo import calculate
+from aiservices import demo
+from aiservices.demo import _calculation, calculate
 
 KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 
@@ -247,3 +248,51 @@ def test_calculate(expression: str, result: str) -> None:
 def test_calculate_refuses(expression: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         calculate(expression)
+
+
+@pytest.mark.parametrize(
+    ("question", "expression"),
+    [
+        ("what is -5 + 3?", "-5 + 3"),
+        ("what is 5 - (-3)?", "5 - (-3)"),
+        ("12 * (3 + 4)", "12 * (3 + 4)"),
+        ("calculate 2**10", "2**10"),
+        ("I live at 10-12 Main Street", None),
+        ("I am 42", None),
+        ("I live at 10-12 Main Street; what is 2 + 2?", "2 + 2"),
+    ],
+)
+def test_the_offline_model_calculates_what_is_asked_as_written(
+    question: str, expression: str | None
+) -> None:
+    assert _calculation(question) == expression
+
+
+@pytest.mark.parametrize(
+    ("make", "said"), [("folder", "it is a directory"), ("text", "not a SQLite database")]
+)
+def test_a_database_path_sqlite_cannot_use_is_a_clear_error(
+    tmp_path: Path, make: str, said: str
+) -> None:
+    db = tmp_path / "demo.db"
+    if make == "folder":
+        db.mkdir()
+    else:
+        db.write_text("not a database\n")
+    out = " ".join(run_demo(db, "hello", code=2).split())
+    assert out.startswith("error: cannot open SQLite database")
+    assert said in out
+
+
+def test_a_model_named_without_a_key_says_it_is_not_used(tmp_path: Path) -> None:
+    out = " ".join(run_demo(tmp_path / "demo.db", "/quit", args=("--model", "gpt-4o")).split())
+    assert "note: --model gpt-4o is not used: no OPENAI_API_KEY or ANTHROPIC_API_KEY is set." in out
+    assert "OFFLINE" in out
+
+
+def test_install_advice_follows_how_aiservices_was_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert 'pip install -e ".[openai]"' in demo._install_advice("openai")  # this clone
+    monkeypatch.setattr(demo, "__file__", str(tmp_path / "site" / "aiservices" / "demo.py"))
+    assert demo._install_advice("openai").endswith('pip install "aiservices[openai]"')

@@ -46,6 +46,22 @@ def test_star_import_works_without_the_store_drivers() -> None:
     ]
 
 
+@pytest.mark.parametrize("sdk", ["openai", "anthropic"])
+def test_an_adapter_imported_without_its_sdk_names_the_extra_to_install(sdk: str) -> None:
+    done = _fresh_interpreter(
+        "import sys\n"
+        f"sys.modules[{sdk!r}] = None\n"
+        "try:\n"
+        f"    import aiservices.models.{sdk}\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error.name, error)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f'{sdk} aiservices.models.{sdk} needs the {sdk} SDK: pip install "aiservices[{sdk}]"'
+    ]
+
+
 def test_star_import_gives_the_real_stores_when_their_drivers_are_there() -> None:
     import aiservices.stores.postgres
     import aiservices.stores.redis

@@ -14,9 +14,17 @@ import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import anthropic
-from anthropic.resources.messages import Messages
-from anthropic.types import Message
+try:
+    import anthropic
+    from anthropic.resources.messages import Messages
+    from anthropic.types import Message
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
+    if exc.name is None or exc.name.partition(".")[0] != "anthropic":
+        raise
+    raise ModuleNotFoundError(
+        'aiservices.models.anthropic needs the anthropic SDK: pip install "aiservices[anthropic]"',
+        name="anthropic",
+    ) from exc
 
 from ..errors import IncompleteResponseError
 from ..messages import (

@@ -16,9 +16,17 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import openai
-from openai.resources.chat.completions import Completions
-from openai.types.chat import ChatCompletion
+try:
+    import openai
+    from openai.resources.chat.completions import Completions
+    from openai.types.chat import ChatCompletion
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
+    if exc.name is None or exc.name.partition(".")[0] != "openai":
+        raise
+    raise ModuleNotFoundError(
+        'aiservices.models.openai needs the openai SDK: pip install "aiservices[openai]"',
+        name="openai",
+    ) from exc
 
 from ..errors import IncompleteResponseError
 from ..messages import (
