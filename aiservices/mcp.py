@@ -35,7 +35,7 @@ from typing import Any, Self
 
 try:
     from mcp import Client, MCPError, StdioServerParameters
-    from mcp_types import CONNECTION_CLOSED
+    from mcp_types import CONNECTION_CLOSED, ToolListChangedNotification
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('aiservices.mcp needs the MCP SDK: pip install "aiservices[mcp]"') from exc
 
@@ -63,7 +63,10 @@ class McpToolset:
         prefix: str = "",
         label: str | None = None,
     ) -> None:
-        """``server`` is what ``mcp.Client`` connects to: stdio parameters, a URL, a transport.
+        """``server`` is what ``mcp.Client`` connects to: stdio parameters, a URL, an
+        in-process server, or a function that makes a transport (``lambda:
+        sse_client(url)``: a transport serves one connection, and the toolset connects again
+        when one ends).
 
         ``timeout`` bounds each listing and call in seconds (``None``: no bound); ``prefix``
         goes before each tool's name as the model sees it (``"weather_"``), so that two
@@ -82,16 +85,23 @@ class McpToolset:
                 f"prefix must be letters, digits, '_' or '-' (at most 64), not {prefix!r}"
             )
         self._prefix = prefix
+        self._label = label or repr(server)
+        if (
+            callable(server)
+            and not isinstance(server, type | _Fresh)
+            and not hasattr(server, "__aenter__")  # (an asynccontextmanager's is callable)
+        ):
+            server = _Fresh(server)
         self._server = server
         self._filter = filter
         self._timeout = timeout
-        self._label = label or repr(server)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
         self._tools: list[Tool] | None = None
+        self._connected_once = False
         self._closed = False
 
     @classmethod
@@ -105,16 +115,27 @@ class McpToolset:
         timeout: float | None = 60.0,
         prefix: str = "",
     ) -> McpToolset:
-        """A server run as a subprocess, spoken to over its stdin and stdout."""
+        """A server run as a subprocess, spoken to over its stdin and stdout.
+
+        The server gets only the variables of ``env`` and a few safe ones of this process
+        (``PATH``, ``HOME``, ...), as the MCP SDK sets it up: pass ``env={**os.environ, ...}``
+        for it to see them all.
+        """
+        if isinstance(args, str | bytes) or not all(isinstance(a, str) for a in args):
+            raise TypeError(
+                f"args must be a list of strings, one per argument, not {args!r:.80}: "
+                f"McpToolset.stdio({command!r}, ['server.py', '--flag'])"
+            )
         parameters = StdioServerParameters(
             command=command, args=list(args), env=None if env is None else dict(env)
         )
+        shown = f"{command!r}, {list(args)!r}" if args else repr(command)
         return cls(
             parameters,
             filter=filter,
             timeout=timeout,
             prefix=prefix,
-            label=f"McpToolset.stdio({command!r})",
+            label=f"McpToolset.stdio({shown})",
         )
 
     @classmethod
@@ -159,11 +180,30 @@ class McpToolset:
     # -- what a service asks of a toolset ----------------------------------------------------
 
     def aiservices_tools(self) -> list[Tool]:
-        """The server's tools (those ``filter`` keeps), listed once, as ``Tool`` objects."""
-        if self._tools is None:
-            listed = self._run(self._list())
-            self._tools = [self._tool(spec) for spec in listed if self._keeps(spec.name)]
-        return list(self._tools)
+        """The server's tools (those ``filter`` keeps) as ``Tool`` objects: listed at first
+        use, and again once the server says its list changed or the toolset reconnects."""
+        tools = self._tools
+        if self._closed:
+            raise RuntimeError(f"{self._label} is closed")
+        if tools is None:
+            kept = [spec for spec in self._run(self._list()) if self._keeps(spec.name)]
+            tools = [self._tool(spec) for spec in kept]
+            seen: dict[str, str] = {}
+            for tool, spec in zip(tools, kept, strict=True):
+                other = seen.setdefault(tool.name, spec.name)
+                if other != spec.name:
+                    raise ValueError(
+                        f"{self._label}: the server's tools {other!r} and {spec.name!r} are "
+                        f"both offered as {tool.name!r} (a tool name the providers accept is "
+                        "letters, digits, '_' and '-', at most 64); leave one out with "
+                        f"filter=lambda name: name != {spec.name!r}"
+                    )
+            self._tools = tools
+        return list(tools)
+
+    def _changed(self) -> None:
+        """The server's tool list changed (or may have): list it again at the next use."""
+        self._tools = None
 
     def _keeps(self, name: str) -> bool:
         return self._filter is None or bool(self._filter(name))
@@ -174,8 +214,11 @@ class McpToolset:
         if not valid_tool_name(name):
             name = _INVALID_NAME_CHARS.sub("_", name)[:64] or "tool"
 
-        schema = dict(spec.input_schema or {"type": "object", "properties": {}})
+        schema = dict(spec.input_schema or {})
         schema.setdefault("type", "object")
+        if schema["type"] == "object":
+            # No parameters may be listed as a bare {"type": "object"}, which OpenAI refuses.
+            schema.setdefault("properties", {})
         try:
             return Tool(name, spec.description or "", schema, _Remote(self, remote))
         except (ValueError, TypeError) as exc:
@@ -192,7 +235,7 @@ class McpToolset:
             return future.result(self._timeout)
         except TimeoutError:
             future.cancel()  # a server that never answers must not keep the call going
-            raise
+            raise self._timed_out() from None
 
     async def _arun(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """`_run` awaited: cancelling the caller cancels the coroutine on the toolset's loop."""
@@ -200,8 +243,21 @@ class McpToolset:
         try:
             async with asyncio.timeout(self._timeout):
                 return await asyncio.wrap_future(future)
+        except TimeoutError:
+            raise self._timed_out() from None
         finally:
             future.cancel()  # the caller is cancelled or out of time: so is the request
+
+    def _timed_out(self) -> TimeoutError:
+        connection = self._connection
+        if connection is None or connection.client is None:
+            return TimeoutError(
+                f"{self._label}: the MCP server did not answer within {self._timeout:g} s "
+                "while connecting; check that it starts and speaks MCP, or raise timeout="
+            )
+        return TimeoutError(
+            f"{self._label}: the MCP server did not answer within {self._timeout:g} s"
+        )
 
     def _submit(self, coroutine: Coroutine[Any, Any, Any]) -> Future[Any]:
         if self._closed:
@@ -228,7 +284,14 @@ class McpToolset:
             if connection is None or not connection.alive:
                 if connection is not None:
                     await connection.close()  # its server went away while it was idle
-                connection = self._connection = _Connection(self._server)
+                if self._connected_once and not _reusable(self._server):
+                    raise ConnectionError(
+                        f"{self!r}: the connection to the MCP server ended, and a transport "
+                        "serves one connection; pass a function that makes the transport "
+                        "(McpToolset(lambda: sse_client(url))) so that the toolset can "
+                        "connect again"
+                    )
+                connection = self._connection = _Connection(self._server, self._changed)
                 try:
                     await connection.open()
                 except BaseException as error:
@@ -236,12 +299,19 @@ class McpToolset:
                     await connection.close()
                     if isinstance(error, ExceptionGroup):
                         # The client's task groups wrap what happened: say it plainly.
+                        hint = (
+                            " (a stdio server must write nothing else to stdout)"
+                            if isinstance(self._server, StdioServerParameters)
+                            else ""
+                        )
                         raise ConnectionError(
                             f"{self!r}: the MCP server could not be reached: "
-                            f"{_innermost(error)}; check that it starts and speaks MCP (a "
-                            "stdio server must write nothing else to stdout)"
+                            f"{_innermost(error)}; check that it starts and speaks MCP{hint}"
                         ) from error
                     raise
+                if self._connected_once:
+                    self._changed()  # a server started again may offer other tools
+                self._connected_once = True
             return connection
 
     async def _client(self) -> Any:
@@ -286,6 +356,8 @@ class McpToolset:
             raise
         texts = [_described(block) for block in result.content]
         if result.is_error:
+            if not texts and result.structured_content is not None:
+                texts = [json.dumps(result.structured_content)]
             raise McpToolError("\n".join(texts) or f"the MCP tool {name!r} failed")
         if texts:
             return "\n".join(texts)
@@ -339,10 +411,11 @@ class _Remote:
         self._toolset = toolset
         self._name = name
 
-    def __call__(self, **arguments: Any) -> Any:
+    # (Positional-only self: a tool may have a parameter named "self".)
+    def __call__(self, /, **arguments: Any) -> Any:
         return self._toolset._run(self._toolset._call(self._name, arguments))
 
-    async def _aiservices_acall(self, **arguments: Any) -> Any:
+    async def _aiservices_acall(self, /, **arguments: Any) -> Any:
         return await self._toolset._arun(self._toolset._call(self._name, arguments))
 
     def __repr__(self) -> str:
@@ -354,6 +427,13 @@ class _Fresh:
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self.make = make
+
+
+def _reusable(server: Any) -> bool:
+    """Whether ``mcp.Client`` can connect to ``server`` more than once (not a transport)."""
+    return isinstance(server, str | StdioServerParameters | _Fresh) or not hasattr(
+        server, "__aenter__"
+    )
 
 
 def _innermost(group: BaseExceptionGroup[BaseException]) -> str:
@@ -373,8 +453,9 @@ class _Connection:
     waits until asked to close, and leaves it.
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, changed: Callable[[], None]) -> None:
         self.server = server
+        self.changed = changed  # called when the server says its tool list changed
         self.client: Any = None
         self._ready: asyncio.Future[None] | None = None
         self._closing: asyncio.Event | None = None
@@ -396,11 +477,17 @@ class _Connection:
         assert self._ready is not None
         assert self._closing is not None
         server = self.server.make() if isinstance(self.server, _Fresh) else self.server
+        listening: asyncio.Task[None] | None = None
         try:
-            async with Client(server) as client:
+            async with Client(server, message_handler=self._notified) as client:
                 self.client = client
                 self._ready.set_result(None)
-                await self._closing.wait()
+                listening = asyncio.get_running_loop().create_task(self._listen(client))
+                try:
+                    await self._closing.wait()
+                finally:
+                    listening.cancel()
+                    await asyncio.gather(listening, return_exceptions=True)
         except BaseException as error:
             if not self._ready.done():
                 self._ready.set_exception(error)
@@ -408,6 +495,20 @@ class _Connection:
                 raise
         finally:
             self.client = None
+
+    async def _notified(self, message: Any) -> None:
+        # Servers of protocols before 2026-07-28 send notifications/tools/list_changed.
+        if isinstance(message, ToolListChangedNotification):
+            self.changed()
+
+    async def _listen(self, client: Any) -> None:
+        """Hear of changes to the tool list on a server of the 2026-07-28 protocol on."""
+        try:
+            async with client.listen(tools_list_changed=True) as events:
+                async for _ in events:
+                    self.changed()
+        except Exception:  # an older server: its notifications come to _notified
+            pass
 
     async def close(self) -> None:
         if self._closing is not None:

@@ -41,10 +41,10 @@ class Interrupted:
     error: BaseException | type[BaseException]
 
 
-Reply: TypeAlias = (
-    "str | AiMessage | ChatResponse | Interrupted | BaseException"
-    " | Callable[[ChatRequest], Reply | None]"
+_Answer: TypeAlias = (
+    str | AiMessage | ChatResponse | Interrupted | BaseException | type[BaseException]
 )
+Reply: TypeAlias = _Answer | Callable[[ChatRequest], _Answer | None]
 """A scripted answer: text, a message, a whole response, an error (or its class) to raise,
 a stream broken midway, or a function of the request that returns one of those."""
 

@@ -67,7 +67,16 @@ def test_a_stdio_servers_tools_are_offered_and_called_from_a_sync_method(
     bot = ai_service(Bot, model=model, tools=[stdio_toolset])
     assert bot.ask("weather?") == "done"
     offered = {spec.name: spec.parameters for spec in model.requests[0].tools}
-    assert set(offered) == {"forecast", "broken", "crash", "whoami", "refuse", "slow", "radar"}
+    assert set(offered) == {
+        "forecast",
+        "broken",
+        "crash",
+        "whoami",
+        "refuse",
+        "slow",
+        "radar",
+        "grow",
+    }
     assert offered["forecast"]["required"] == ["city"]
     forecast, broken = _results(model, 2)
     assert forecast == "Oslo: sunny for 2 day(s)"
@@ -237,6 +246,8 @@ def test_a_closed_toolset_says_so() -> None:
     asyncio.run(toolset.aclose())
     with pytest.raises(RuntimeError, match="is closed"):
         tools[0].function(city="Oslo")
+    with pytest.raises(RuntimeError, match="is closed"):  # its tools are listed already
+        ai_service(Bot, model=ScriptedChatModel("ok"), tools=[toolset])
 
 
 @pytest.mark.skipif(shutil.which("npx") is None, reason="npx (Node.js) is not installed")
@@ -279,7 +290,7 @@ def test_a_server_that_never_answers_fails_to_list_and_closes_at_once() -> None:
     )
     toolset = McpToolset(silent, timeout=1)
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match=r"did not answer within 1 s while connecting"):
         toolset.aiservices_tools()
     toolset.close()
     assert time.monotonic() - started < 10
@@ -392,3 +403,83 @@ def test_the_timeout_of_a_toolset_bounds_each_call(http_url: str) -> None:
 def test_bad_options_are_clear_errors(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         McpToolset.stdio(sys.executable, [str(SERVER), "stdio"], **options)
+
+
+ODD = Path(__file__).parent / "mcp_servers" / "odd.py"
+
+
+def test_a_tool_listed_with_a_bare_object_schema_is_offered_with_empty_properties() -> None:
+    # OpenAI refuses a function whose parameters are {"type": "object"} without properties.
+    with McpToolset.stdio(sys.executable, [str(ODD), "stdio"]) as toolset:
+        model = ScriptedChatModel(_calls(("regions", "{}")), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("where?")
+    regions = next(spec for spec in model.requests[0].tools if spec.name == "regions")
+    assert regions.parameters == {"type": "object", "properties": {}}
+    assert _results(model, 1) == ["eu, us"]
+
+
+def test_a_parameter_named_self_and_an_error_told_in_structured_content() -> None:
+    with McpToolset.stdio(sys.executable, [str(ODD), "stdio"]) as toolset:
+        model = ScriptedChatModel(
+            _calls(("echo", '{"self": "me", "other": "you"}'), ("quota", "{}")), "done"
+        )
+        ai_service(Bot, model=model, tools=[toolset]).ask("go")
+    echoed, quota = _results(model, 2)
+    assert echoed == '{"other": "you", "self": "me"}'
+    assert quota is not None
+    assert quota.endswith('McpToolError: {"error": "quota exceeded", "retry_after": 30}')
+
+
+def test_two_tools_one_name_once_made_valid_are_named_with_the_filter_that_parts_them() -> None:
+    with (
+        McpToolset.stdio(sys.executable, [str(ODD), "stdio", "clash"]) as toolset,
+        pytest.raises(ValueError, match=r"'get.weather' and 'get_weather' are both offered") as e,
+    ):
+        ai_service(Bot, model=ScriptedChatModel("ok"), tools=[toolset])
+    assert "filter=lambda name: name != 'get_weather'" in str(e.value)
+    keep = "get.weather".__ne__
+    with McpToolset.stdio(sys.executable, [str(ODD), "stdio", "clash"], filter=keep) as toolset:
+        assert "get_weather" in [tool.name for tool in toolset.aiservices_tools()]
+
+
+def test_a_tool_list_the_server_changes_is_listed_again() -> None:
+    with McpToolset.stdio(sys.executable, [str(SERVER), "stdio"]) as toolset:
+        model = ScriptedChatModel(_calls(("grow", "{}")), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("grow")
+        assert "added" not in [spec.name for spec in model.requests[0].tools]
+        deadline = time.monotonic() + 10
+        while "added" not in [t.name for t in toolset.aiservices_tools()]:
+            assert time.monotonic() < deadline, "the change was never heard of"
+            time.sleep(0.05)
+        later = ScriptedChatModel(_calls(("added", "{}")), "done")
+        ai_service(Bot, model=later, tool_provider=lambda *_: [toolset]).ask("new?")
+        assert _results(later, 1) == ["here"]
+
+
+def test_a_function_that_makes_a_transport_connects_again_and_a_transport_says_it_cannot() -> None:
+    from mcp import StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    parameters = StdioServerParameters(command=sys.executable, args=[str(SERVER), "stdio"])
+    with McpToolset(lambda: stdio_client(parameters)) as toolset:
+        model = ScriptedChatModel(_calls(("whoami", "{}")), _calls(("crash", "{}")), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("crash")
+        again = ScriptedChatModel(_calls(("whoami", "{}")), "done")
+        ai_service(Bot, model=again, tools=[toolset]).ask("who?")
+        (before,), (after,) = _results(model, 1), _results(again, 1)
+        assert before is not None
+        assert after is not None
+        assert before.isdigit()
+        assert after.isdigit()
+        assert before != after  # a new server process
+    with McpToolset(stdio_client(parameters)) as toolset:
+        model = ScriptedChatModel(_calls(("crash", "{}")), _calls(("whoami", "{}")), "done")
+        ai_service(Bot, model=model, tools=[toolset]).ask("crash")
+        (answer,) = _results(model, 1, request=2)
+    assert answer is not None
+    assert "a transport serves one connection; pass a function that makes the transport" in answer
+
+
+def test_args_given_as_one_string_are_refused() -> None:
+    with pytest.raises(TypeError, match=r"args must be a list of strings, one per argument"):
+        McpToolset.stdio(sys.executable, f"{SERVER} stdio")  # type: ignore[arg-type]

@@ -8,12 +8,13 @@ exists); ``python weather.py http PORT`` over streamable HTTP on 127.0.0.1:PORT 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import ImageContent, ResourceLink, TextContent
 
@@ -55,6 +56,21 @@ async def slow(seconds: float = 1) -> str:
 def whoami() -> str:
     """The process id of the server, to tell a reconnection."""
     return str(os.getpid())
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool 'added' and tells the client its tool list changed."""
+
+    def added() -> str:
+        """Added while the server runs."""
+        return "here"
+
+    with contextlib.suppress(Exception):  # (added by an earlier call)
+        server.remove_tool("added")
+    server.add_tool(added, name="added")
+    await ctx.notify_tools_changed()
+    return "grown"
 
 
 @server.tool()
