@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,11 +37,11 @@ _entered: ContextVar[tuple[Entered, ...]] = ContextVar("aiservices_entered", def
 class Entered:
     """One `enter`: the lock, while the code run inside its holder has not returned."""
 
-    __slots__ = ("lock", "token")
+    __slots__ = ("lock",)
 
     def __init__(self, lock: TurnLock) -> None:
         self.lock: TurnLock | None = lock
-        self.token: Token[tuple[Entered, ...]] = _entered.set((*_entered.get(), self))
+        _entered.set((*_entered.get(), self))
 
 
 def enter(lock: TurnLock) -> Entered:
@@ -54,14 +54,14 @@ def leave(entered: Entered | None) -> None:
     this one meanwhile."""
     if entered is None:
         return
-    entered.lock = None
-    # (try rather than contextlib.suppress: this runs around every tool a turn runs.)
-    try:  # noqa: SIM105
-        _entered.reset(entered.token)
-    except ValueError:
-        # Left from another context than the one entered (a stream read on by another
-        # thread): the mark there is spent already, as its lock is gone.
-        pass
+    entered.lock = None  # spent in every context that holds it
+    # Only this entry goes: marks may be left out of order (two streams read in turn), and
+    # resetting to the value before this one would drop the marks set since.
+    current = _entered.get()
+    if current and current[-1] is entered:
+        _entered.set(current[:-1])
+    elif entered in current:
+        _entered.set(tuple(e for e in current if e is not entered))
 
 
 def _inside(lock: TurnLock) -> bool:

@@ -280,6 +280,43 @@ def test_an_async_stream_reader_awaiting_its_conversation_is_refused() -> None:
     ]
 
 
+def test_two_streams_read_in_turn_each_refuse_their_reader_calling_back() -> None:
+    # Each stream marks its reader while it hands over a piece, and the marks are left in
+    # another order than they were made: leaving one must not drop the other.
+    def scenario() -> list[str]:
+        bot = _streams()
+        refused = []
+        for n, (a, b) in enumerate(zip(bot.tell("ada", "hi"), bot.tell("bob", "hi"), strict=True)):
+            if n == 1:
+                for user in ("ada", "bob"):
+                    with pytest.raises(RuntimeError, match="would wait for itself"):
+                        bot.chat(user, "and this?")
+                    refused.append(user)
+            refused.append(a + b)
+        return refused
+
+    assert _within(10, scenario) == ["hello hello ", "ada", "bob", "there there ", "worldworld"]
+
+
+def test_two_async_streams_read_in_turn_each_refuse_their_reader_calling_back() -> None:
+    async def scenario() -> list[str]:
+        bot = _streams()
+        first, second = await bot.aevents("ada", "hi"), await bot.aevents("bob", "hi")
+        await anext(first)
+        await anext(second)
+        await anext(first)
+        refused = []
+        for user in ("ada", "bob"):
+            with pytest.raises(RuntimeError, match="code reading its stream"):
+                await bot.achat(user, "and this?")
+            refused.append(user)
+        await first.aclose()
+        await second.aclose()
+        return refused
+
+    assert _within(10, lambda: asyncio.run(scenario())) == ["ada", "bob"]
+
+
 def test_a_stream_read_on_by_another_thread_lets_its_first_reader_wait() -> None:
     # Begun on one thread and handed to another: the first thread is no longer its reader,
     # and a call it makes on the conversation waits for the stream instead of being refused.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import re
 import sys
 import threading
@@ -233,12 +234,19 @@ def transport_errors_as(
     response: Any,
 ) -> Iterator[None]:
     """Raise an ``httpx`` / ``httpx2`` transport failure in the block as the SDK's own
-    ``timeout_error`` / ``connection_error`` (for the request of ``response``)."""
+    ``timeout_error`` / ``connection_error`` (for the request of ``response``), and a
+    streamed event that is not JSON as a ``ValueError`` that shows it."""
     # A stream's body is read after the SDK's create() returned: a connection dropped or
     # stalled midway would escape as the HTTP library's error, where one before the stream
-    # started is the SDK's (and the openai SDK translates it itself).
+    # started is the SDK's (and the openai SDK translates it itself). The SDKs parse each
+    # event with json.loads, whose error names neither the server nor what it sent (a
+    # proxy's HTML error page, say).
     try:
         yield
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"the server streamed an event that is not JSON: {exc.doc[:200]!r}"
+        ) from exc
     except Exception as exc:
         kind = _transport_failure(exc)
         if kind is None:

@@ -52,6 +52,7 @@ from ._sdk import (
     followed_client,
     merge_extra,
     plain,
+    transport_errors_as,
 )
 from ._strict import is_strict_schema
 
@@ -80,6 +81,11 @@ _CREATE_KWARGS: Final = create_keywords(Completions.create)
 
 _SDK: Final = (openai.OpenAI, openai.AsyncOpenAI)
 _STRUCTURED_OUTPUT_MODES: Final = ("json_schema", "json_object", "off")
+
+
+def _read_errors(chunks: Any) -> contextlib.AbstractContextManager[None]:
+    """What breaks while a stream's events are read, said plainly (`transport_errors_as`)."""
+    return transport_errors_as(openai.APITimeoutError, openai.APIConnectionError, chunks.response)
 
 
 @contextlib.contextmanager
@@ -285,7 +291,7 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         acc = _StreamAccumulator()
         with _format_refusal_noted(kwargs):
             made = self._sync_client().chat.completions.create(**kwargs)
-        with made as chunks:
+        with made as chunks, _read_errors(chunks):
             for chunk in chunks:
                 text = acc.add(chunk)
                 if text:
@@ -299,10 +305,11 @@ class OpenAIChatModel(SdkChatModel[openai.OpenAI, openai.AsyncOpenAI]):
         with _format_refusal_noted(kwargs):
             chunks = await self._async_client().chat.completions.create(**kwargs)
         async with chunks:
-            async for chunk in chunks:
-                text = acc.add(chunk)
-                if text:
-                    yield text
+            with _read_errors(chunks):
+                async for chunk in chunks:
+                    text = acc.add(chunk)
+                    if text:
+                        yield text
         yield acc.response()
 
     # -- request mapping -------------------------------------------------------------------
@@ -454,6 +461,15 @@ def _error_in_body(completion: Any, error: object) -> ValueError:
     )
 
 
+def _flat_error(body: Any) -> dict[str, Any] | None:
+    """An error sent as the body itself, as some compatible servers (vLLM before 0.6) do:
+    ``{"object": "error", "message": ..., "code": ...}`` rather than ``{"error": {...}}``."""
+    if getattr(body, "object", None) != "error":
+        return None
+    extra = body.model_extra or {}
+    return {"message": extra.get("message"), "code": extra.get("code"), "type": extra.get("type")}
+
+
 def _text_of(content: object) -> str | None:
     """A message's text: some compatible servers send a list of parts (``{"type": "text",
     "text": ...}``, beside others such as reasoning) where OpenAI sends a string."""
@@ -478,7 +494,7 @@ def _response(completion: Any) -> ChatResponse:
         )
     choices = completion.choices
     if not choices:
-        error = (completion.model_extra or {}).get("error")
+        error = (completion.model_extra or {}).get("error") or _flat_error(completion)
         if error is not None:
             # A failure after the server had begun (an upstream model behind a gateway),
             # reported in a 200 answer's body: the server's own words are the news.
@@ -589,6 +605,9 @@ class _StreamAccumulator:
             self._usage = usage
         choices = chunk.choices
         if not choices:
+            error = _flat_error(chunk)
+            if error is not None:
+                raise _error_in_body(chunk, error)
             return None  # the usage chunk, or a keep-alive
         choice = choices[0]
         if choice.index:

@@ -244,3 +244,63 @@ def test_an_answer_cut_at_the_token_limit_is_not_asked_again(
     with pytest.raises(OutputParseError, match="cut at the output token limit"):
         bot.extract("Ada, 36")
     assert len(openai_server.requests) == 1
+
+
+_NOT_JSON = "<html>502 Bad Gateway</html>"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_openai_stream_with_an_event_that_is_not_json_shows_it_and_records_nothing(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any], mode: str
+) -> None:
+    model = openai_model()
+    bot = _bot(model)
+    first, second, *_ = chunks(["Hello ", "world"])
+    openai_server.queue(Reply(events=((None, first), (None, second), (None, _NOT_JSON))))
+    with pytest.raises(ValueError, match=r"streamed an event that is not JSON: '<html>502"):
+        _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_anthropic_stream_with_an_event_that_is_not_json_shows_it_and_records_nothing(
+    anthropic_server: AnthropicServer, anthropic_model: Callable[..., Any], mode: str
+) -> None:
+    model = anthropic_model()
+    bot = _bot(model)
+    events = stream_events([text("Hello world")], stop_reason="end_turn")
+    anthropic_server.queue(Reply(events=(*events[:4], ("content_block_delta", _NOT_JSON))))
+    with pytest.raises(ValueError, match=r"streamed an event that is not JSON: '<html>502"):
+        _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+# Some compatible servers (vLLM before 0.6) send an error as the body itself.
+_FLAT_ERROR = {
+    "object": "error",
+    "message": "This model's maximum context length is 4096 tokens",
+    "type": "BadRequestError",
+    "code": 400,
+}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_error_streamed_in_the_flat_form_is_told_in_the_servers_words(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any], mode: str
+) -> None:
+    model = openai_model()
+    bot = _bot(model)
+    first, *_ = chunks(["Hello "])
+    openai_server.queue(Reply(events=((None, first), (None, _FLAT_ERROR), (None, "[DONE]"))))
+    with pytest.raises(ValueError, match=r"\(code 400\): This model's maximum context length"):
+        _consume(bot, model, mode)
+    assert bot.get_chat_memory("u").messages() == []
+
+
+def test_an_error_answered_in_the_flat_form_is_told_in_the_servers_words(
+    openai_server: OpenAIServer, openai_model: Callable[..., Any]
+) -> None:
+    model = openai_model()
+    openai_server.reply_body(_FLAT_ERROR)
+    with pytest.raises(ValueError, match=r"\(code 400\): This model's maximum context length"):
+        model.chat(ChatRequest([UserMessage("hi")]))
