@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from pydantic import BaseModel
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 __all__ = ["BUILTIN_VARIABLES", "Template", "render_value"]
 
@@ -29,7 +29,10 @@ def render_value(value: object) -> str:
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
         # Inside, what has no JSON form is written as its str(), as it would be alone.
-        return to_json(value, fallback=str).decode()
+        try:
+            return to_json(value, fallback=str, inf_nan_mode="strings").decode()
+        except PydanticSerializationError:
+            return str(value)  # (bytes that are not UTF-8, a list that holds itself)
     return str(value)
 
 

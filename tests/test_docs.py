@@ -171,6 +171,28 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
         path = Path(page)
         folder = path.parent if path.name == "index.md" else path.with_suffix("")
         assert (site / folder / "index.html").is_file(), f"{page} was not built"
+    # Every public name has an entry in the API reference.
+    anchors: set[str] = set()
+    for built in (site / "api").glob("*/index.html"):
+        anchors |= set(re.findall(r'id="([^"]+)"', built.read_text(encoding="utf-8")))
+    absent = [
+        f"{module}.{name}"
+        for module in _PUBLIC_MODULES
+        for name in importlib.import_module(module).__all__
+        if not any(anchor == name or anchor.endswith(f".{name}") for anchor in anchors)
+    ]
+    assert not absent, f"public names missing from docs/api: {absent}"
+
+
+_PUBLIC_MODULES = (
+    "aiservices",
+    "aiservices.observability",
+    "aiservices.memory",
+    "aiservices.stores",
+    "aiservices.tools",
+    "aiservices.models",
+    "aiservices.testing",
+)
 
 
 _DOCS_MODULES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")

@@ -85,3 +85,16 @@ def test_a_prompt_decorator_given_twice_to_one_method_is_an_error() -> None:
         @user_message("A {{x}}")
         @user_message("B {{x}}")
         def ask(x: str) -> str: ...
+
+
+def test_values_json_cannot_hold_fall_back_to_their_text() -> None:
+    @dataclass
+    class Blob:
+        data: bytes
+
+    looped: list[object] = [1]
+    looped.append(looped)
+    assert render_value(Blob(b"\xff")).endswith("Blob(data=b'\\xff')")
+    assert render_value([b"\xff"]) == "[b'\\xff']"
+    assert render_value(looped) == "[1, [...]]"
+    assert render_value({"ratio": float("nan")}) == '{"ratio":"NaN"}'  # valid JSON
