@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -614,7 +615,10 @@ def _template(
 def _braces_hint(variable: str, *sources: str | None) -> str | None:
     """The fix for ``{variable}`` written with one brace each side in a template, if it is."""
     single = f"{{{variable}}}"
-    if any(single in source for source in sources if source):
+    # One brace each side, not the inside of `{{variable}}` (in a template that failed to
+    # parse, whose placeholders are not known as used).
+    alone = re.compile(rf"(?<!{{){re.escape(single)}(?!}})")
+    if any(alone.search(source) for source in sources if source):
         return f"the template has `{single}`: a placeholder takes two braces, `{{{single}}}`"
     return None
 

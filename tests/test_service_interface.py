@@ -867,3 +867,13 @@ def test_a_memory_id_whose_values_cannot_be_hashed_fails_the_build() -> None:
     found = problems(Bot, chat_memory_provider=MessageWindowChatMemory.provider())
     assert [p.split(":")[0] for p in found] == ["Bot.by_tags(tags)", "Bot.by_account(account)"]
     assert all("a MemoryId must be hashable" in p for p in found)
+
+
+def test_a_template_that_fails_to_parse_is_not_also_said_to_leave_out_its_parameters() -> None:
+    class Bot(Protocol):
+        @user_message("Hi {{}}, answer {{question}}")
+        def ask(self, question: str) -> str: ...
+
+    assert problems(Bot) == [
+        "Bot.ask(): @user_message: template placeholder '{{}}' must hold a name, like {{topic}}"
+    ]
