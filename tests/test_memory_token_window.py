@@ -510,3 +510,26 @@ def test_anthropics_api_estimator_says_it_waits_and_the_offline_one_does_not() -
     offline = AnthropicTokenCountEstimator()
     assert TokenWindowChatMemory(100, api).is_blocking
     assert not TokenWindowChatMemory(100, offline).is_blocking
+
+
+class _MessagesOnly:
+    """An estimator with the message count alone (no ``estimate_token_count_in_text``)."""
+
+    def estimate_token_count_in_message(self, message: ChatMessage) -> int:
+        return len((message.text or "").split())
+
+
+def test_an_estimator_that_counts_messages_only_serves_token_windows() -> None:
+    from aiservices.memory import SummarizingChatMemory
+    from aiservices.testing import ScriptedChatModel
+
+    memory = TokenWindowChatMemory.provider(4, _MessagesOnly())("alice")  # type: ignore[arg-type]
+    memory.add(UserMessage("one two"), AiMessage("three four"), UserMessage("five"))
+    assert [m.text for m in memory.messages()] == ["three four", "five"]
+    summarizing = SummarizingChatMemory(
+        summarizer=ScriptedChatModel("s"),
+        max_tokens=10,
+        token_count_estimator=_MessagesOnly(),  # type: ignore[arg-type]
+    )
+    summarizing.add(UserMessage("hello there"))
+    assert [m.text for m in summarizing.messages()] == ["hello there"]

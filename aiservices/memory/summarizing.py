@@ -31,7 +31,7 @@ from ..models._base import ChatModel, ChatRequest
 from ..stores._base import ChatMemoryStore
 from ._window import Limit, Window, check_limit
 from ._window_memory import ASK, ReportedUsage, WindowChatMemory, WindowChatMemoryProvider
-from .token_window import count_error, estimate_method
+from .token_window import count_error, estimate_method, text_method
 from .tokens import TokenCountEstimator, counting_waits
 
 __all__ = [
@@ -264,11 +264,7 @@ class SummarizingChatMemory(WindowChatMemory):
             count=None if self._estimate is None else self._counted,
             calibrate=calibrate,
             policy=self._summarize,
-            count_text=(
-                None
-                if token_count_estimator is None
-                else token_count_estimator.estimate_token_count_in_text
-            ),
+            count_text=text_method(token_count_estimator),
             counting_waits=(
                 None if token_count_estimator is None else counting_waits(token_count_estimator)
             ),

@@ -48,7 +48,7 @@ class TokenWindowChatMemory(WindowChatMemory):
             evict_whole_turns=evict_whole_turns,
             count=self._counted,
             calibrate=calibrate,
-            count_text=token_count_estimator.estimate_token_count_in_text,
+            count_text=text_method(token_count_estimator),
             counting_waits=counting_waits(token_count_estimator),
         )
 
@@ -124,6 +124,13 @@ def count_error(estimator: object, message: ChatMessage, count: object) -> Value
         f"{type(estimator).__name__}.estimate_token_count_in_message returned "
         f"{count!r} for a {type(message).__name__}; it must return an int >= 0"
     )
+
+
+def text_method(estimator: object) -> Callable[[str], int] | None:
+    """The estimator's ``estimate_token_count_in_text``, which only calibration uses: an
+    estimator without it counts messages all the same (a request's tools then cost 0)."""
+    method = getattr(estimator, "estimate_token_count_in_text", None)
+    return method if callable(method) else None
 
 
 def estimate_method(estimator: object) -> Callable[[ChatMessage], object]:
