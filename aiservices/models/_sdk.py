@@ -227,6 +227,17 @@ def _redact_url(url: str) -> str:
     return f"{head}{hash_mark}{'***' if fragment else ''}"
 
 
+def sdk_missing(exc: ModuleNotFoundError, sdk: str) -> ModuleNotFoundError:
+    """The error for an adapter imported without its SDK: one that names the extra to
+    install, or ``exc`` itself when another module is missing."""
+    if exc.name is None or exc.name.partition(".")[0] != sdk:
+        return exc
+    return ModuleNotFoundError(
+        f'aiservices.models.{sdk} needs the {sdk} SDK: pip install "aiservices[{sdk}]"',
+        name=sdk,
+    )
+
+
 @contextlib.contextmanager
 def transport_errors_as(
     timeout_error: Callable[..., Exception],

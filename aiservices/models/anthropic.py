@@ -19,12 +19,9 @@ try:
     from anthropic.resources.messages import Messages
     from anthropic.types import Message
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
-    if exc.name is None or exc.name.partition(".")[0] != "anthropic":
-        raise
-    raise ModuleNotFoundError(
-        'aiservices.models.anthropic needs the anthropic SDK: pip install "aiservices[anthropic]"',
-        name="anthropic",
-    ) from exc
+    from ._sdk import sdk_missing
+
+    raise sdk_missing(exc, "anthropic") from exc
 
 from ..errors import IncompleteResponseError
 from ..messages import (

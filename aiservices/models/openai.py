@@ -21,12 +21,9 @@ try:
     from openai.resources.chat.completions import Completions
     from openai.types.chat import ChatCompletion
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
-    if exc.name is None or exc.name.partition(".")[0] != "openai":
-        raise
-    raise ModuleNotFoundError(
-        'aiservices.models.openai needs the openai SDK: pip install "aiservices[openai]"',
-        name="openai",
-    ) from exc
+    from ._sdk import sdk_missing
+
+    raise sdk_missing(exc, "openai") from exc
 
 from ..errors import IncompleteResponseError
 from ..messages import (
