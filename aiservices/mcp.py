@@ -234,16 +234,21 @@ class McpToolset:
         try:
             return future.result(self._timeout)
         except TimeoutError:
+            if future.done():
+                raise  # the call's own TimeoutError, not the wait's
             future.cancel()  # a server that never answers must not keep the call going
             raise self._timed_out() from None
 
     async def _arun(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """`_run` awaited: cancelling the caller cancels the coroutine on the toolset's loop."""
         future = self._submit(coroutine)
+        deadline = asyncio.timeout(self._timeout)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with deadline:
                 return await asyncio.wrap_future(future)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the call's own TimeoutError, not the wait's
             raise self._timed_out() from None
         finally:
             future.cancel()  # the caller is cancelled or out of time: so is the request
