@@ -244,34 +244,34 @@ class ScriptedChatModel:
         return ChatResponse(message, self.usage, finish)
 
     def chat(self, request: ChatRequest) -> ChatResponse:
-        if self.delay:
-            time.sleep(self.delay)
-        return _answer(self._next(request))
+        return _answer(self._waited(request))
 
     async def achat(self, request: ChatRequest) -> ChatResponse:
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return _answer(self._next(request))
+        return _answer(await self._awaited(request))
 
     def stream(self, request: ChatRequest) -> Iterator[str | ChatResponse]:
+        yield from self._pieces(self._waited(request))
+
+    async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
+        for piece in self._pieces(await self._awaited(request)):
+            yield piece
+
+    def _waited(self, request: ChatRequest) -> ChatResponse | Interrupted:
         if self.delay:
             time.sleep(self.delay)
-        reply = self._next(request)
+        return self._next(request)
+
+    async def _awaited(self, request: ChatRequest) -> ChatResponse | Interrupted:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return self._next(request)
+
+    def _pieces(self, reply: ChatResponse | Interrupted) -> Iterator[str | ChatResponse]:
+        """A stream of ``reply``: its text in chunks, then the response (or the error)."""
         if isinstance(reply, Interrupted):
             yield from self._chunks(reply.text)
             raise reply.error
         yield from self._chunks(reply.ai_message.text)
-        yield reply
-
-    async def astream(self, request: ChatRequest) -> AsyncIterator[str | ChatResponse]:
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        reply = self._next(request)
-        text = reply.text if isinstance(reply, Interrupted) else reply.ai_message.text
-        for chunk in self._chunks(text):
-            yield chunk
-        if isinstance(reply, Interrupted):
-            raise reply.error
         yield reply
 
     def _chunks(self, text: str | None) -> Iterable[str]:
