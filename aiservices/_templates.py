@@ -30,10 +30,32 @@ def render_value(value: object) -> str:
     ):
         # Inside, what has no JSON form is written as its str(), as it would be alone.
         try:
-            return to_json(value, fallback=str, inf_nan_mode="strings").decode()
+            return to_json(_ordered(value), fallback=str, inf_nan_mode="strings").decode()
         except PydanticSerializationError:
             return str(value)  # (bytes that are not UTF-8, a list that holds itself)
     return str(value)
+
+
+def _ordered(value: Any, within: frozenset[int] = frozenset()) -> Any:
+    """``value`` with its sets sorted, so a prompt is the same text in every process."""
+    # A set iterates in hash order, which changes with each interpreter's hash seed:
+    # the same call would send different prompts (and miss a provider's prompt cache).
+    kind = type(value)
+    if kind not in _CONTAINERS or id(value) in within:
+        return value  # (a structure that holds itself is left for the JSON writer to refuse)
+    within = within | {id(value)}
+    if kind is dict:
+        return {key: _ordered(item, within) for key, item in value.items()}
+    items = [_ordered(item, within) for item in value]
+    if kind is list or kind is tuple:
+        return items
+    try:
+        return sorted(items)
+    except TypeError:  # items that do not compare with each other
+        return sorted(items, key=lambda item: (type(item).__name__, repr(item)))
+
+
+_CONTAINERS: Final = frozenset({dict, list, tuple, set, frozenset})
 
 
 def _builtin(name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -98,3 +99,12 @@ def test_values_json_cannot_hold_fall_back_to_their_text() -> None:
     assert render_value([b"\xff"]) == "[b'\\xff']"
     assert render_value(looped) == "[1, [...]]"
     assert render_value({"ratio": float("nan")}) == '{"ratio":"NaN"}'  # valid JSON
+
+
+def test_a_set_renders_in_the_same_order_in_every_process() -> None:
+    names = {f"name{i}" for i in range(12)}
+    assert render_value(names) == json.dumps(sorted(names), separators=(",", ":"))
+    assert render_value({"tags": frozenset(names)}) == render_value({"tags": sorted(names)})
+    assert render_value([{3, 1, 2}]) == "[[1,2,3]]"
+    # Items that do not compare with each other are ordered by type and text.
+    assert render_value({2, "b", 1, "a"}) == '[1,2,"a","b"]'
