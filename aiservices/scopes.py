@@ -25,7 +25,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Coroutine, Generator, Hashable
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from typing import Final, Literal, Protocol, TypeAlias
 
 __all__ = ["MemoryScope", "OnExit", "current_memory_scope", "memory_scope"]
@@ -60,7 +60,16 @@ _current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope",
 class MemoryScope:
     """An active (or ready) scope: ``memory_id`` is its conversation's id in every service."""
 
-    __slots__ = ("_lock", "_services", "_streams", "_token", "left", "memory_id", "on_exit")
+    __slots__ = (
+        "_active",
+        "_lock",
+        "_outer",
+        "_services",
+        "_streams",
+        "left",
+        "memory_id",
+        "on_exit",
+    )
 
     def __init__(self, memory_id: Hashable, on_exit: OnExit) -> None:
         self.memory_id = memory_id
@@ -68,7 +77,10 @@ class MemoryScope:
         # The services that made a call inside the block, by identity, in order.
         self._services: dict[int, _Service] = {}
         self._lock = threading.Lock()
-        self._token: Token[MemoryScope | None] | None = None
+        self._active = False
+        # The scope that was current when this one was entered: current again when this
+        # one is left, unless it has ended meanwhile (left out of order).
+        self._outer: MemoryScope | None = None
         # Streams started inside the block, closed when it ends forgetting: an unfinished
         # one holds its conversation, which forgetting would otherwise wait for forever.
         self._streams: weakref.WeakKeyDictionary[_Stream, _StreamCall] | None = None
@@ -102,23 +114,30 @@ class MemoryScope:
         return streams if self.on_exit == "forget" else []
 
     def _enter(self) -> MemoryScope:
-        if self._token is not None:
+        if self._active:
             raise RuntimeError(f"{self!r} is already active; make a new memory_scope(...)")
-        self._token = _current.set(self)
+        self._active = True
+        self._outer = _current.get()
+        _current.set(self)
         self.left = False
         return self
 
     def _leave(self, *, ending: bool = True) -> list[_Service]:
-        token, self._token = self._token, None
-        assert token is not None
+        self._active = False
         with self._lock:
             self.left = ending
             services = list(self._services.values())
             self._services.clear()
+        # Only a scope that is current makes way, for the nearest outer one still active:
+        # two generators that each hold a scope, advanced in turn, leave them out of order.
         # Left in another context than it was entered in (an async generator finalised by
-        # the event loop, say), the reset fails: that context is gone, and the exit applies.
-        with contextlib.suppress(ValueError):
-            _current.reset(token)
+        # the event loop, say), this one is not current there: nothing changes.
+        if _current.get() is self:
+            outer = self._outer
+            while outer is not None and not outer._active:
+                outer = outer._outer
+            _current.set(outer)
+        self._outer = None
         return services if self.on_exit != "keep" else []
 
     def __enter__(self) -> MemoryScope:

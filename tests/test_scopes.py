@@ -93,6 +93,32 @@ def test_calls_without_a_memory_id_use_the_scopes_conversation() -> None:
     assert _texts(bot, "default") == ["outside", "ok"]
 
 
+def _scoped_job(bot: Bot, memory_id: str) -> Iterator[None]:
+    # A generator holding a scope across a yield: two of them, advanced in turn, enter
+    # and leave their scopes out of order in one context.
+    with memory_scope(memory_id, on_exit="keep"):
+        bot.chat(f"{memory_id} starts")
+        yield
+
+
+def test_scopes_left_out_of_order_restore_no_scope_that_has_ended() -> None:
+    bot = _bot()
+    first, second = _scoped_job(bot, "first"), _scoped_job(bot, "second")
+    next(first)
+    next(second)
+    next(first, None)  # "first" ends while "second" is still inside its scope
+    scope = current_memory_scope()
+    assert scope is not None
+    assert scope.memory_id == "second"
+    bot.chat("while second")
+    next(second, None)
+    assert current_memory_scope() is None  # not "first", which ended before
+    bot.chat("after both")
+    assert _texts(bot, "first") == ["first starts", "ok"]
+    assert _texts(bot, "second") == ["second starts", "ok", "while second", "ok"]
+    assert _texts(bot, "default") == ["after both", "ok"]
+
+
 def test_a_service_with_one_memory_is_unaffected() -> None:
     class One(Protocol):
         def chat(self, text: str) -> str: ...
