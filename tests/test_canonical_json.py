@@ -387,6 +387,43 @@ def test_writing_back_what_a_fresh_store_read_writes_nothing(backend: OpenedBack
     assert window_of(after, "ann") == window
 
 
+def test_setting_its_own_messages_keeps_a_system_message_shown_first_where_it_is_stored(
+    backend: OpenedBackend,
+) -> None:
+    # The window shows the system message first; the store keeps it where it arrived.
+    memory = MessageWindowChatMemory(
+        6, id="ann", store=backend.open(keep_history=True), always_keep_system_message_first=True
+    )
+    memory.add(UserMessage("q1"), AiMessage("a1"))
+    memory.add(SystemMessage("Be brief."), UserMessage("q2"), AiMessage("a2"))
+    reader = backend.open(keep_history=True)
+    history, window = history_of(reader, "ann"), window_of(reader, "ann")
+    assert [m["text"] for _, m in window] == ["q1", "a1", "Be brief.", "q2", "a2"]
+
+    fresh = MessageWindowChatMemory(
+        6, id="ann", store=backend.open(keep_history=True), always_keep_system_message_first=True
+    )
+    shown = fresh.messages()
+    assert [m.text for m in shown] == ["Be brief.", "q1", "a1", "q2", "a2"]
+    fresh.set(shown)
+    after = backend.open(keep_history=True)
+    assert history_of(after, "ann") == history
+    assert window_of(after, "ann") == window
+
+    # A message added to what was shown is the only change.
+    fresh.set([*shown, UserMessage("q3")])
+    after = backend.open(keep_history=True)
+    assert [m["text"] for _, m in window_of(after, "ann")] == [
+        "q1",
+        "a1",
+        "Be brief.",
+        "q2",
+        "a2",
+        "q3",
+    ]
+    assert history_of(after, "ann")[:5] == history
+
+
 def test_setting_a_fresh_memory_to_its_own_messages_writes_nothing(
     backend: OpenedBackend,
 ) -> None:

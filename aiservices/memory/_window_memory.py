@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .._locks import TurnLock
-from ..messages import ChatMessage, UserMessage, new_message_id
+from ..messages import ChatMessage, SystemMessage, UserMessage, new_message_id
 from ..stores._base import ChatMemoryStore
 from ._base import own_store
 from ._store_ops import AsyncMode, Change, store_ops
@@ -423,7 +423,13 @@ class WindowChatMemory:
             window.forget(window.trim(limit))
         else:
             window.limit = limit
-        yield REPLACE, window.snapshot()
+        kept = window.snapshot()
+        if self._keep_system_first and kept and type(kept[0]) is SystemMessage:
+            # Shown first, a system message is stored where it arrived: written back, it
+            # stays there (else the store and its history would be reordered).
+            stored = yield READ, None
+            kept = _in_stored_place(kept, stored)
+        yield REPLACE, kept
         self._window = window
         self._pending = []
         self._since = None
@@ -626,6 +632,21 @@ class WindowChatMemory:
             f"{type(self).__name__}({self._limit_name}={limit!r}, id={self._id!r}, "
             f"store={self._store!r})"
         )
+
+
+def _in_stored_place(kept: list[ChatMessage], stored: list[ChatMessage]) -> list[ChatMessage]:
+    """``kept``, shown system message first, with that message moved back after the one it
+    follows in ``stored``, when both are stored and kept."""
+    system_id = kept[0].message_id
+    ids = [m.message_id for m in stored]
+    if system_id not in ids or ids.index(system_id) == 0:
+        return kept
+    before = ids[ids.index(system_id) - 1]
+    rest = kept[1:]
+    for i, message in enumerate(rest):
+        if message.message_id == before:
+            return [*rest[: i + 1], kept[0], *rest[i + 1 :]]
+    return kept
 
 
 async def _aask(model: Any, request: Any) -> Any:
