@@ -178,11 +178,14 @@ class AsyncBot(Protocol):
 def test_a_missing_encoding_fails_a_turn_before_the_model_is_called(kind: str) -> None:
     model = ScriptedChatModel(default="a paid answer")
     memory = TokenWindowChatMemory(1000, OpenAiTokenCountEstimator("gpt-4o-mini"))
-    with pytest.raises(EncodingUnavailableError, match="o200k_base"):
+
+    def call() -> object:
         if kind == "sync":
-            ai_service(Bot, model=model, chat_memory=memory).chat("hi")
-        else:
-            asyncio.run(ai_service(AsyncBot, model=model, chat_memory=memory).chat("hi"))
+            return ai_service(Bot, model=model, chat_memory=memory).chat("hi")
+        return asyncio.run(ai_service(AsyncBot, model=model, chat_memory=memory).chat("hi"))
+
+    with pytest.raises(EncodingUnavailableError, match="o200k_base"):
+        call()
     assert model.requests == []
     assert memory.store.get_messages(memory.id) == []
 
