@@ -32,6 +32,7 @@ from typing import Annotated, Final, TypeVar
 
 try:
     from fastapi import Depends, Request, Response, WebSocket
+    from fastapi.requests import HTTPConnection
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         'aiservices.fastapi needs FastAPI: pip install "aiservices[fastapi]"'
@@ -60,20 +61,29 @@ async def request_scope() -> AsyncIterator[MemoryScope]:
         yield scope
 
 
-async def session_scope(request: Request, response: Response) -> AsyncIterator[MemoryScope]:
+async def session_scope(
+    connection: HTTPConnection, response: Response
+) -> AsyncIterator[MemoryScope]:
     """A conversation for a browser session, kept; its id travels in a cookie.
 
     A request without the cookie (or with one that is not an id this dependency made)
     starts a new session and sets the cookie on the response: ``HttpOnly``,
     ``SameSite=Lax``, and ``Secure`` over HTTPS. FastAPI sends it with what the endpoint
     returns, except a ``Response`` object (``StreamingResponse``, ``JSONResponse``...):
-    pass that through `set_session_cookie`.
+    pass that through `set_session_cookie`. A WebSocket whose handshake carries the cookie
+    continues the session's conversation; one without it can't be given a cookie, and gets
+    a conversation of its own, forgotten when the endpoint ends (as `WebSocketScope`).
     """
-    session_id = _session_id(request.cookies.get(SESSION_COOKIE))
+    session_id = _session_id(connection.cookies.get(SESSION_COOKIE))
+    if session_id is None and connection.scope["type"] == "websocket":
+        # No later connection could name the conversation: keeping it would only leak it.
+        async with memory_scope(on_exit="forget") as scope:
+            yield scope
+        return
     if session_id is None:
         session_id = str(uuid.uuid4())
-        _set_cookie(response, request, session_id)
-        request.state.aiservices_new_session = session_id
+        _set_cookie(response, connection, session_id)
+        connection.state.aiservices_new_session = session_id
     async with memory_scope(session_id, on_exit="keep") as scope:
         yield scope
 
@@ -93,13 +103,13 @@ def set_session_cookie(response: _ResponseT, request: Request) -> _ResponseT:
     return response
 
 
-def _set_cookie(response: Response, request: Request, session_id: str) -> None:
+def _set_cookie(response: Response, connection: HTTPConnection, session_id: str) -> None:
     response.set_cookie(
         SESSION_COOKIE,
         session_id,
         httponly=True,
         samesite="lax",
-        secure=request.url.scheme == "https",
+        secure=connection.url.scheme == "https",
     )
 
 

@@ -88,6 +88,16 @@ def _app(path: Path, delay: float = 0.0) -> tuple[FastAPI, SqliteChatMemoryStore
         except WebSocketDisconnect:
             pass
 
+    @app.websocket("/session-ws")
+    async def session_ws(websocket: WebSocket, scope: SessionScope) -> None:
+        await websocket.accept()
+        await websocket.send_text(str(scope.memory_id))
+        try:
+            while True:
+                await websocket.send_text(await bot.chat(await websocket.receive_text()))
+        except WebSocketDisconnect:
+            pass
+
     @app.get("/scope")
     async def no_scope() -> dict[str, Any]:
         return {"scope": current_memory_scope()}
@@ -200,6 +210,33 @@ def test_a_websocket_conversation_is_forgotten_when_the_socket_closes(tmp_path: 
         assert socket_.receive_text() == "I am Ada | who am I?"
         assert len(store.get_messages(memory_id)) == 4
     _wait_for(lambda: _rows(tmp_path / "chat.db") == 0)
+    store.close()
+
+
+def test_a_websocket_with_the_session_cookie_continues_the_sessions_conversation(
+    tmp_path: Path,
+) -> None:
+    app, store = _app(tmp_path / "chat.db")
+    with TestClient(app) as browser:
+        session = browser.post("/chat", params={"text": "I am Ada"}).cookies[SESSION_COOKIE]
+        with browser.websocket_connect("/session-ws") as socket_:
+            assert socket_.receive_text() == session
+            socket_.send_text("who am I?")
+            assert socket_.receive_text() == "I am Ada | who am I?"
+        # Kept after the socket closes: the next request goes on with it.
+        answer = browser.post("/chat", params={"text": "and now?"}).json()
+        assert answer == {"scope": session, "answer": "I am Ada | who am I? | and now?"}
+
+        # Without the cookie no response could carry one: a conversation of its own,
+        # forgotten when the socket closes.
+        browser.cookies.clear()
+        with browser.websocket_connect("/session-ws") as socket_:
+            memory_id = socket_.receive_text()
+            assert memory_id != session
+            socket_.send_text("hi")
+            assert socket_.receive_text() == "hi"
+        _wait_for(lambda: store.get_messages(memory_id) == [])
+    assert len(store.get_messages(session)) == 6
     store.close()
 
 
