@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
+
+from pydantic import WithJsonSchema
 
 from .messages import AiMessage
 from .models import TokenUsage
-
-if TYPE_CHECKING:
-    from .tools import ToolExecution
+from .tools import ToolExecution  # at run time: pydantic (a FastAPI response) resolves it
 
 __all__ = ["Result"]
 
@@ -32,6 +32,6 @@ class Result(Generic[T]):
     token_usage: TokenUsage | None = None
     finish_reason: str | None = None
     tool_executions: Sequence[ToolExecution] = field(default_factory=tuple)
-    memory_id: Hashable | None = None
+    memory_id: Annotated[Hashable | None, WithJsonSchema({})] = None  # (any JSON value)
     ai_message: AiMessage | None = None
     sources: tuple[str, ...] = ()

@@ -14,7 +14,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeVar, overload
+from typing import Annotated, Any, ClassVar, Final, Literal, TypeAlias, TypeVar, overload
+
+from pydantic import PlainSerializer
+from pydantic_core import to_jsonable_python
 
 from .errors import AiServiceError
 from .messages import ToolExecutionRequest, ToolExecutionResultMessage
@@ -232,6 +235,17 @@ class ToolExecutionError(AiServiceError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.request), self.__dict__)
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """In a pydantic model or a FastAPI response (``Result[T]``), the text the model saw."""
+        from pydantic_core import core_schema
+
+        return core_schema.json_or_python_schema(
+            json_schema=core_schema.str_schema(),
+            python_schema=core_schema.is_instance_schema(cls),
+            serialization=core_schema.plain_serializer_function_ser_schema(str),
+        )
+
     @property
     def tool_name(self) -> str:
         """The tool name the model asked for."""
@@ -260,6 +274,12 @@ ToolErrorHandler: TypeAlias = Callable[[ToolExecutionError, ToolExecutionRequest
 """Turns a failed request into the text the model is shown, or raises to end the call."""
 
 
+def _json_value(value: object) -> object:
+    # A tool may return anything: in JSON (a FastAPI response), what has no JSON form is
+    # written as its str(), as a prompt template writes it.
+    return to_jsonable_python(value, fallback=str, inf_nan_mode="strings")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolExecution:
     """One tool request and what came of it.
@@ -271,7 +291,7 @@ class ToolExecution:
 
     request: ToolExecutionRequest
     result: str
-    value: Any = None
+    value: Annotated[Any, PlainSerializer(_json_value, when_used="json")] = None
     error: ToolExecutionError | None = None
     return_direct: bool = False
 

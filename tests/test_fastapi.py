@@ -27,8 +27,10 @@ from aiservices import (
     MessageWindowChatMemory,
     SqliteChatMemoryStore,
     UserMessage,
+    Result,
     ai_service,
     current_memory_scope,
+    tool,
 )
 from aiservices.fastapi import (
     SESSION_COOKIE,
@@ -38,6 +40,7 @@ from aiservices.fastapi import (
     set_session_cookie,
 )
 from aiservices.models import ChatRequest, ChatResponse
+from aiservices.testing import ScriptedChatModel, tool_calls
 
 
 class Echo:
@@ -321,3 +324,56 @@ def test_only_session_ids_of_the_form_the_dependency_makes_are_accepted() -> Non
     assert _session_id(made.upper()) is None  # not as made
     assert _session_id("3f1e2d4c5b6a47898abc0123456789ab") is None
     assert _session_id(None) is None
+
+
+class Place:
+    """A value with no JSON form, as a tool may return."""
+
+    def __str__(self) -> str:
+        return "Lisbon, Portugal"
+
+
+class Answers(Protocol):
+    async def ask(self, question: str) -> Result[int]: ...
+
+
+def test_an_endpoint_may_return_a_result_with_its_tool_executions() -> None:
+    @tool
+    def locate(city: str) -> Place:
+        """Where a city is."""
+        return Place()
+
+    @tool
+    def fail(why: str) -> str:
+        """Always fails."""
+        raise RuntimeError(why)
+
+    model = ScriptedChatModel(
+        tool_calls(("locate", {"city": "Lisbon"}), ("fail", {"why": "no reason"})), "42"
+    )
+    bot = ai_service(Answers, model=model, tools=[locate, fail])
+    app = FastAPI()
+
+    @app.get("/ask")
+    async def ask(question: str) -> Result[int]:
+        return await bot.ask(question)
+
+    with TestClient(app) as client:
+        body = client.get("/ask", params={"question": "how many?"}).json()
+        schema = client.get("/openapi.json").json()
+    assert body["content"] == 42
+    located, failed = body["tool_executions"]
+    assert located["request"]["name"] == "locate"
+    assert located["value"] == "Lisbon, Portugal"
+    assert located["error"] is None
+    assert failed["value"] is None
+    assert "no reason" in failed["error"]
+    assert failed["error"] == failed["result"]  # the text the model was shown
+    assert body["ai_message"]["text"] == "42"
+    properties = next(
+        component["properties"]
+        for name, component in schema["components"]["schemas"].items()
+        if name.startswith("Result")
+    )
+    assert properties["content"]["type"] == "integer"
+    assert {"tool_executions", "token_usage", "memory_id", "sources"} <= set(properties)
