@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import aerase, erase, settled
@@ -297,14 +298,22 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     """Start an async streaming call: bind now, run when the first chunk is awaited."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncTextStream(_atexts(_opened(call, _amarked(call, _aevents(state, call, box)))), box)
+    events = _opened(call, _amarked(call, _aevents(state, call, box)))
+    return AsyncTextStream(_atexts(events), box, partial(_dropped, call))
 
 
 def events_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncEventStream:
     """Start an async call that streams its events: bind now, run when the first is awaited."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return AsyncEventStream(_opened(call, _amarked(call, _aevents(state, call, box))), box)
+    events = _opened(call, _amarked(call, _aevents(state, call, box)))
+    return AsyncEventStream(events, box, partial(_dropped, call))
+
+
+def _dropped(call: Call) -> None:
+    """The stream was dropped unfinished: its reader no longer runs inside its turn (a call
+    it makes now waits for the turn, which the event loop closes, instead of being refused)."""
+    leave(call.mark)
 
 
 async def _atexts(events: AsyncGenerator[StreamEvent, None]) -> AsyncGenerator[str, None]:
@@ -326,9 +335,11 @@ async def _amarked(
                 # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
                 return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
+            call.mark = entered
             try:
                 yield event
             finally:
+                call.mark = None
                 leave(entered)
             if call.closed_by_scope:
                 return

@@ -6,7 +6,7 @@ midway, records nothing. The drivers that fill them are in ``_runner``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._events import StreamEvent
@@ -70,11 +70,23 @@ class _AsyncStream(AsyncIterator[_T], Generic[_T]):
     """What an async stream is: ``async for`` it, ``aclose`` it (or leave an ``async with``
     block), read ``result``."""
 
-    __slots__ = ("_box", "_source")
+    __slots__ = ("_box", "_on_drop", "_source")
 
-    def __init__(self, source: AsyncGenerator[_T, None], box: ResultBox | None = None) -> None:
+    def __init__(
+        self,
+        source: AsyncGenerator[_T, None],
+        box: ResultBox | None = None,
+        on_drop: Callable[[], None] | None = None,
+    ) -> None:
         self._source = source
         self._box = ResultBox() if box is None else box
+        self._on_drop = on_drop
+
+    def __del__(self) -> None:
+        # Dropped unread (a `break` out of `async for`), the stream is closed later, by
+        # its event loop: told now, the call can let its reader's next call wait for that.
+        if self._on_drop is not None:
+            self._on_drop()
 
     @property
     def result(self) -> Result[str] | None:

@@ -52,6 +52,7 @@ from .observability import CallInfo, ConversationStats
 from .scopes import MemoryScope, current_scope
 
 if TYPE_CHECKING:
+    from ._locks import Entered
     from ._plan import MethodPlan
     from .models import TokenUsage
     from .tools import ToolExecution
@@ -241,6 +242,8 @@ class Call:
     # Set by a forgetting scope's exit for a stream it closes: one that another task or
     # thread was reading just then could not be closed, and stops at its next event.
     closed_by_scope: bool = False
+    # The mark an async stream's reader holds between two events (see `_locks.enter`).
+    mark: Entered | None = None
 
 
 def bind(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> Call:

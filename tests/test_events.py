@@ -298,6 +298,39 @@ def test_a_stream_abandoned_midway_releases_its_conversation_at_once() -> None:
     assert done.wait(5), "the conversation stayed locked by the abandoned stream"
 
 
+class Dropped(Protocol):
+    def events(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[StreamEvent]: ...
+
+    async def text(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
+
+    async def chat(self, user: Annotated[str, MemoryId], text: str) -> str: ...
+
+
+def test_an_async_stream_dropped_midway_lets_its_reader_call_again_at_once() -> None:
+    # Left by `break`, the stream is closed by the event loop a moment later: the reader's
+    # next call on its conversation waits for that instead of being refused as a call
+    # from inside the turn.
+    from aiservices.testing import ScriptedChatModel
+
+    model = ScriptedChatModel(default="a long answer in pieces", chunk_size=3)
+    bot = ai_service(
+        Dropped, model=model, chat_memory_provider=MessageWindowChatMemory.provider(20)
+    )
+
+    async def main() -> list[str]:
+        async for _ in bot.events("ada", "hi"):
+            break
+        first = await asyncio.wait_for(bot.chat("ada", "again"), 5)
+        async for _ in await bot.text("ada", "hi"):
+            break
+        second = await asyncio.wait_for(bot.chat("ada", "and again"), 5)
+        return [first, second]
+
+    assert asyncio.run(main()) == ["a long answer in pieces"] * 2
+    texts = [m.text for m in bot.get_chat_memory("ada").messages()]  # type: ignore[attr-defined]
+    assert texts == ["again", "a long answer in pieces", "and again", "a long answer in pieces"]
+
+
 def test_closing_a_stream_after_its_turn_completed_is_no_failure() -> None:
     ended: list[str] = []
 
