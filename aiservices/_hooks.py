@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from types import FunctionType
+from types import FunctionType, MethodType
 from typing import Any, Final
 
 __all__ = ["Hooks", "emit", "logger"]
@@ -69,6 +69,8 @@ class Hooks:
                 # listener (unittest.mock's autospec) answers every question about its
                 # instance's methods with yes.
                 own = getattr(listener, "__dict__", {}).get(name)
+                if type(own) is MethodType:  # another object's method (a sink's)
+                    own = own.__func__
                 if inspect.iscoroutinefunction(getattr(type(listener), name, None)) or (
                     # (a function's own type and code: a mock of a method claims both)
                     type(own) is FunctionType and own.__code__.co_flags & inspect.CO_COROUTINE

@@ -336,6 +336,9 @@ def _hashable(value: object) -> bool:
     return True
 
 
+_WHOLE: Final = frozenset({"sync", "async"})  # the call kinds that answer all at once
+
+
 def turn(state: ServiceState, call: Call) -> Turn:
     """The call's turn: yields ``(operation, argument)`` pairs and returns the answer.
 
@@ -366,6 +369,7 @@ def turn(state: ServiceState, call: Call) -> Turn:
             call.memory_id,
             turn_id or new_message_id(),
             getattr(state.model, "model_name", None),
+            streamed=plan.kind not in _WHOLE,
         )
         emit(hooks.on_call_start, info)
     user_text = call.user_text

@@ -37,13 +37,19 @@ __all__ = ["CallInfo", "ConversationStats", "ServiceListener"]
 
 @dataclass(slots=True)
 class CallInfo:
-    """One service call, as listeners see it; ``attributes`` is theirs to keep state in."""
+    """One service call, as listeners see it; ``attributes`` is theirs to keep state in.
+
+    ``streamed`` is true for a call whose caller reads the answer as it comes (a text or
+    event stream): its reader may stop it early, and then it ends with ``GeneratorExit`` or,
+    its task cancelled (a web client gone), ``CancelledError``.
+    """
 
     method: str
     memory_id: Hashable | None
     turn_id: str
     model_name: str | None
     attributes: dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

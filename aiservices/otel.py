@@ -16,6 +16,7 @@ Each call is an ``invoke_agent {Interface.method}`` span; inside it, each model 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final
@@ -74,17 +75,20 @@ class OpenTelemetryListener:
         )
         call.attributes[_CALL] = span
 
-    def _child(self, call: CallInfo, name: str, attributes: dict[str, Any]) -> Span:
+    def _child(
+        self, call: CallInfo, name: str, attributes: dict[str, Any], kind: trace.SpanKind
+    ) -> Span:
         parent = call.attributes.get(_CALL)
         context = trace.set_span_in_context(parent) if parent is not None else None
-        return self.tracer.start_span(
-            name, context=context, kind=trace.SpanKind.CLIENT, attributes=attributes
-        )
+        return self.tracer.start_span(name, context=context, kind=kind, attributes=attributes)
 
     def on_request(self, call: CallInfo, request: ChatRequest) -> None:
         model = call.model_name or "model"
         call.attributes[_CHAT] = self._child(
-            call, f"chat {model}", {"gen_ai.operation.name": "chat", **self._common(call)}
+            call,
+            f"chat {model}",
+            {"gen_ai.operation.name": "chat", **self._common(call)},
+            trace.SpanKind.CLIENT,
         )
 
     def on_response(self, call: CallInfo, request: ChatRequest, response: ChatResponse) -> None:
@@ -113,6 +117,7 @@ class OpenTelemetryListener:
                 "gen_ai.tool.call.id": request.id,
                 **self._common(call),
             },
+            trace.SpanKind.INTERNAL,  # (the conventions' kind: the tool runs in-process)
         )
 
     def on_tool_end(self, call: CallInfo, execution: ToolExecution) -> None:
@@ -133,26 +138,33 @@ class OpenTelemetryListener:
         span.end()
 
     def on_error(self, call: CallInfo, error: BaseException) -> None:
-        # A stream its reader closed before the end (a "stop" button, a client gone) did
-        # not fail: its spans end without an error, marked as closed early.
-        closed = isinstance(error, GeneratorExit)
+        # A stream its reader closed before the end (a "stop" button, a web client gone,
+        # whose task is cancelled) did not fail: its spans end without an error, marked as
+        # closed early.
+        closed = isinstance(error, GeneratorExit) or (
+            call.streamed and isinstance(error, asyncio.CancelledError)
+        )
         call_span: Span | None = call.attributes.pop(_CALL, None)
+        # Innermost first, so that no span ends after its parent: the tools' (the call
+        # ended in its tools, an error handler raised or it stopped), the round's, the call's.
         spans: list[Span] = [
-            span for span in (call.attributes.pop(_CHAT, None), call_span) if span is not None
+            *call.attributes.pop(_TOOLS, {}).values(),
+            *(span for span in (call.attributes.pop(_CHAT, None), call_span) if span),
         ]
-        tools: list[Span] = list(call.attributes.pop(_TOOLS, {}).values())
         if call_span is not None:
             _usage(call_span, call.attributes.pop(_USED, None))
+        kind = type(error)
         for span in spans:
-            if not closed:
-                span.record_exception(error)
-        # (Tool spans: the call ended in its tools, an error handler raised or it stopped.)
-        for span in (*spans, *tools):
             if closed:
                 span.set_attribute("aiservices.stream.closed_early", True)
             else:
-                span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-                span.set_attribute("error.type", type(error).__name__)
+                # The exception's type only: its message may quote the answer or a tool's
+                # arguments (an OutputParseError's does), and no content is recorded.
+                span.add_event(
+                    "exception", {"exception.type": f"{kind.__module__}.{kind.__qualname__}"}
+                )
+                span.set_status(Status(StatusCode.ERROR, kind.__name__))
+                span.set_attribute("error.type", kind.__name__)
             span.end()
 
 

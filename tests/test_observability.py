@@ -208,6 +208,24 @@ def test_a_hook_that_cannot_take_its_arguments_or_is_async_on_the_instance_fails
     ]
 
 
+def test_another_objects_async_method_set_as_a_hook_fails_the_build() -> None:
+    from aiservices import InterfaceError
+
+    class Sink:
+        async def report(self, call: CallInfo, result: Any) -> None: ...
+
+    class Forwarding:  # a listener that hands its reports to a sink
+        def __init__(self, sink: Sink) -> None:
+            self.on_call_end = sink.report
+
+    with pytest.raises(InterfaceError) as failed:
+        make(ScriptedChatModel(), Forwarding(Sink()))
+    assert failed.value.problems == [
+        "listeners[0]: on_call_end is async; hooks are plain functions, called without being "
+        "awaited (hand slow work to a queue)",
+    ]
+
+
 def test_debug_log_has_memory_id_and_usage_but_no_content(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

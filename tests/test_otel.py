@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Protocol
 
 import pytest
@@ -13,7 +14,8 @@ pytest.importorskip("opentelemetry.sdk")
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
+from pydantic import BaseModel
 
 from aiservices import MemoryId, MessageWindowChatMemory, OutputParseError, ai_service, tool
 from aiservices.models import TokenUsage
@@ -223,3 +225,112 @@ def test_two_tool_requests_with_one_id_each_end_their_span(
     asyncio.run(bot.chat("a", "double them"))
     tools = [s for s in exporter.get_finished_spans() if s.name == "execute_tool double"]
     assert len(tools) == 2
+
+
+class Patient(BaseModel):
+    age: int
+
+
+class Extractor(Protocol):
+    def extract(self, text: str) -> Patient: ...
+
+
+def test_a_failed_call_records_the_exceptions_type_and_no_content(
+    exporter: InMemorySpanExporter,
+) -> None:
+    # An OutputParseError's message quotes the answer: no span may carry it.
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    secret = '{"age": "SECRET diagnosis"}'
+    bot = ai_service(
+        Extractor,
+        model=ScriptedChatModel(secret, secret),
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        max_output_retries=1,
+    )
+    with pytest.raises(OutputParseError):
+        bot.extract("...")
+    spans = exporter.get_finished_spans()
+    call = next(s for s in spans if s.name == "invoke_agent Extractor.extract")
+    assert call.status.status_code is StatusCode.ERROR
+    (event,) = call.events
+    assert event.name == "exception"
+    assert dict(event.attributes or {}) == {"exception.type": "aiservices.errors.OutputParseError"}
+    for span in spans:
+        for recorded in (span.attributes, *(e.attributes for e in span.events)):
+            assert "SECRET" not in repr(dict(recorded or {}))
+
+
+def test_tool_spans_are_internal_and_end_before_the_call_they_belong_to(
+    exporter: InMemorySpanExporter,
+) -> None:
+    class Fatal(Exception):
+        pass
+
+    def give_up(error: Exception, request: object) -> str:
+        raise Fatal from error
+
+    @tool
+    def boom() -> str:
+        """Fails."""
+        raise ValueError("no")
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bot = ai_service(
+        Bot,
+        model=ScriptedChatModel(tool_calls(("boom", {}), ("double", {"n": 1})), "unreached"),
+        tools=[boom, double],
+        tool_error_handler=give_up,
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+    with pytest.raises(Fatal):
+        bot.chat("ann", "hi")
+    spans = exporter.get_finished_spans()
+    call = next(s for s in spans if s.name.startswith("invoke_agent"))
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    assert tools
+    for span in tools:
+        assert span.kind is SpanKind.INTERNAL
+        assert span.end_time is not None
+        assert call.end_time is not None
+        assert span.end_time <= call.end_time
+        assert spans.index(span) < spans.index(call)  # ended (exported) before the call
+
+
+def test_an_async_stream_whose_task_is_cancelled_is_closed_early_not_failed(
+    exporter: InMemorySpanExporter,
+) -> None:
+    # A web client that disconnects: the server cancels the task reading the stream.
+    class Teller(Protocol):
+        def tell(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bot = ai_service(
+        Teller,
+        model=ScriptedChatModel("once upon a time", chunk_size=4, delay=5),
+        listeners=[OpenTelemetryListener(tracer_provider=provider)],
+        chat_memory_provider=MessageWindowChatMemory.provider(),
+    )
+
+    async def main() -> None:
+        async def read() -> None:
+            async for _ in bot.tell("ann", "a story"):
+                pass
+
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.05)  # the model is still thinking
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans} == {"invoke_agent Teller.tell", "chat scripted"}
+    for span in spans:
+        assert span.status.status_code is StatusCode.UNSET
+        assert span.attributes is not None
+        assert span.attributes["aiservices.stream.closed_early"] is True
+        assert "error.type" not in span.attributes
