@@ -36,7 +36,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol
 
@@ -94,7 +94,7 @@ def pick_model() -> ChatModel | str:
     if os.environ.get("OPENAI_API_KEY"):
         return "openai:gpt-4o-mini"
     if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic:claude-3-5-haiku-latest"
+        return "anthropic:claude-haiku-4-5"
     return ScriptedChatModel(default=offline_reply, chunk_size=8)
 
 
@@ -113,7 +113,7 @@ def make_store() -> tuple[ChatMemoryStore, str]:
 
 
 @asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
     store, where = make_store()
     app.state.where = where
     app.state.desk = ai_service(

@@ -49,7 +49,7 @@ def pick_model() -> ChatModel | str:
     if os.environ.get("OPENAI_API_KEY"):
         return "openai:gpt-4o-mini"
     if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic:claude-3-5-haiku-latest"
+        return "anthropic:claude-haiku-4-5"
     return ScriptedChatModel(default=recall)
 
 

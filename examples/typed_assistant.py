@@ -52,7 +52,7 @@ def pick_model() -> ChatModel | str:
     if os.environ.get("OPENAI_API_KEY"):
         return "openai:gpt-4o-mini"
     if os.environ.get("ANTHROPIC_API_KEY"):
-        return "anthropic:claude-3-5-haiku-latest"
+        return "anthropic:claude-haiku-4-5"
     # What a model answers, more or less tidily: the parser reads a bare enum name, JSON in
     # a fenced block, and a list wrapped in {"value": ...}.
     return ScriptedChatModel(
