@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
+from ._result import Result
 from .messages import ToolExecutionRequest
-
-if TYPE_CHECKING:
-    from ._result import Result
-    from .tools import ToolExecution
+from .tools import ToolExecution  # at run time: pydantic reads the events' fields
 
 __all__ = ["StreamEvent", "TextDelta", "ToolCallFinished", "ToolCallStarted", "TurnCompleted"]
 

@@ -4,6 +4,7 @@ completed turn, committed before it is yielded; nothing committed when closed ea
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any, Protocol
 
@@ -599,3 +600,30 @@ def test_a_sync_event_stream_frames_each_tools_run_with_its_own_events() -> None
         ("started", "second", ["first"]),
         ("finished", "second", ["first", "second"]),
     ]
+
+
+def test_events_resolve_their_type_hints_and_serialise_as_json() -> None:
+    # For a web endpoint that sends each event on (server-sent events, a WebSocket).
+    import typing
+
+    from pydantic import TypeAdapter
+
+    from aiservices import TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
+
+    for event_type in (TextDelta, ToolCallStarted, ToolCallFinished, TurnCompleted):
+        assert typing.get_type_hints(event_type)
+    bot = ai_service(
+        Bot,
+        model=StreamingModel(),
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=20),
+        tools=[weather],
+    )
+    adapter = TypeAdapter(StreamEvent)
+    sent = [json.loads(adapter.dump_json(e)) for e in bot.events("u", "Weather in Oslo?")]
+    (started,) = [e["request"] for e in sent if "request" in e]
+    (finished,) = [e["execution"] for e in sent if "execution" in e]
+    assert started["name"] == finished["request"]["name"] == "weather"
+    assert finished["result"] == "sunny in Oslo"
+    assert sent[-1]["result"]["content"] == "It is sunny in Oslo."
+    assert sent[-1]["result"]["tool_executions"] == [finished]
+    assert "".join(e.get("text", "") for e in sent) == "Let me check. It is sunny in Oslo. "
