@@ -183,38 +183,69 @@ def observe_conversations(
     from opentelemetry import metrics
 
     attributes = {"gen_ai.agent.name": name or type(service).__name__.removesuffix("Service")}
-    provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+    # The global provider is one key whether it is set yet or not: instruments made on it
+    # before the SDK is set up report through it after, and made again on the provider set
+    # since, they would come back as those first ones, without a later service's callback.
+    if meter_provider is None or meter_provider is metrics.get_meter_provider():
+        key: Any = _GLOBAL
+    else:
+        key = meter_provider
     with _OBSERVING:
-        observed = _OBSERVED.get(provider)
+        observed = _OBSERVED.get(key)
         if observed is None:
-            # One set of instruments per provider, reporting every service observed on it:
-            # made again, an instrument comes back as the one made first, without the new
-            # callback, and the later services would report nothing.
-            observed = _OBSERVED[provider] = []
-            meter = metrics.get_meter("aiservices", meter_provider=provider)
+            # One set of instruments per provider, reporting every service observed on it.
+            observed = _OBSERVED[key] = []
+            meter = metrics.get_meter(
+                "aiservices", meter_provider=None if key is _GLOBAL else meter_provider
+            )
             for kind, instrument, field, unit, description in _CONVERSATION_INSTRUMENTS:
                 create = getattr(meter, f"create_observable_{kind}")
-                callback = _reading(metrics.Observation, observed, field)
+                callback = _reading(metrics.Observation, observed, field, kind == "counter")
                 create(instrument, callbacks=[callback], unit=unit, description=description)
-        # A service that is gone stops being reported: its stats are held weakly.
+        # Held weakly: a service that is gone leaves only what its counters counted.
         stats = weakref.WeakMethod(service.conversation_stats)
-        if all(stats != seen for seen, _ in observed):  # observed again: reported once
-            observed.append((stats, attributes))
+        if all(stats != seen.stats for seen in observed):  # observed again: reported once
+            observed.append(_Observed(stats, attributes))
 
 
+class _Observed:
+    """One service observed: its stats (held weakly), attributes, and last reading."""
+
+    __slots__ = ("attributes", "last", "stats")
+
+    def __init__(self, stats: Any, attributes: dict[str, str]) -> None:
+        self.stats = stats
+        self.attributes = attributes
+        self.last: Any = None
+
+
+class _Global:
+    """The key of the global meter provider, set or not (held for ever by `_GLOBAL`)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_GLOBAL: Final = _Global()
 _OBSERVING: Final = threading.Lock()
 # By meter provider, held weakly: a provider that is gone takes its instruments with it.
-_OBSERVED: Final[weakref.WeakKeyDictionary[Any, list[tuple[Any, dict[str, str]]]]] = (
-    weakref.WeakKeyDictionary()
-)
+_OBSERVED: Final[weakref.WeakKeyDictionary[Any, list[_Observed]]] = weakref.WeakKeyDictionary()
 
 
-def _reading(observation: Any, observed: list[tuple[Any, dict[str, str]]], field: str) -> Any:
+def _reading(observation: Any, observed: list[_Observed], field: str, monotonic: bool) -> Any:
     def callback(options: Any) -> Any:
-        for stats, attributes in list(observed):
-            read = stats()
+        totals: dict[tuple[tuple[str, str], ...], int] = {}
+        for seen in list(observed):
+            read = seen.stats()
             if read is not None:
-                yield observation(getattr(read(), field), attributes)
+                seen.last = read()
+            elif not monotonic or seen.last is None:
+                continue  # gone: it caches nothing
+            # A counter keeps what a service that is gone had counted: never going down,
+            # it is not taken for a reset. Services sharing attributes report one sum.
+            key = tuple(sorted(seen.attributes.items()))
+            totals[key] = totals.get(key, 0) + getattr(seen.last, field)
+        for key, value in totals.items():
+            yield observation(value, dict(key))
 
     return callback
 

@@ -153,3 +153,79 @@ def test_a_service_with_one_memory_counts_it_as_held() -> None:
     stats = bot.conversation_stats()
     assert stats.cached_conversations == 1
     assert stats.turns_committed == 1
+
+
+def test_a_counter_keeps_what_a_service_that_is_gone_counted() -> None:
+    # Two services of one interface report one series; a counter never goes down (a
+    # backend takes a drop for a reset), while the cached conversations leave with it.
+    import gc
+
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    first, second = _bot(), _bot()
+    observe_conversations(first, meter_provider=meters)
+    observe_conversations(second, meter_provider=meters)
+    for turn in range(3):
+        first.chat("alice", f"turn {turn}")
+    second.chat("bob", "hi")
+    assert _points(reader)["aiservices.turns.committed"][0] == 4
+    assert _points(reader)["aiservices.conversations.cached"][0] == 2
+    del second
+    gc.collect()
+    points = _points(reader)
+    assert points["aiservices.turns.committed"][0] == 4
+    assert points["aiservices.conversations.cached"][0] == 1
+
+
+_BEFORE_AND_AFTER_SETUP = """
+from typing import Annotated, Protocol
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from aiservices import ChatMemoryAccess, MemoryId, MessageWindowChatMemory, ai_service
+from aiservices.otel import observe_conversations
+from aiservices.testing import ScriptedChatModel
+
+class Shop(ChatMemoryAccess, Protocol):
+    def ask(self, customer: Annotated[str, MemoryId], question: str) -> str: ...
+
+class Support(ChatMemoryAccess, Protocol):
+    def ask(self, customer: Annotated[str, MemoryId], question: str) -> str: ...
+
+def make(interface):
+    return ai_service(interface, model=ScriptedChatModel(default="ok"),
+                      chat_memory_provider=MessageWindowChatMemory.provider(10))
+
+shop, support = make(Shop), make(Support)
+observe_conversations(shop)  # at import time, before the SDK is set up
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+observe_conversations(support)
+shop.ask("a", "hi")
+support.ask("b", "hi")
+support.ask("b", "again")
+turns = {
+    dict(point.attributes)["gen_ai.agent.name"]: point.value
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics if metric.name == "aiservices.turns.committed"
+    for point in metric.data.data_points
+}
+print(sorted(turns.items()))
+"""
+
+
+def test_services_observed_before_and_after_the_sdk_is_set_up_are_all_reported() -> None:
+    # (In a process of its own: the global meter provider can be set once.)
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE_AND_AFTER_SETUP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[('Shop', 1), ('Support', 2)]"
