@@ -24,6 +24,7 @@ from aiservices import (
     AiMessage,
     ChatMemoryAccess,
     InMemoryChatMemoryStore,
+    MemoryScope,
     MessageWindowChatMemory,
     Result,
     SqliteChatMemoryStore,
@@ -81,8 +82,7 @@ def _app(path: Path, delay: float = 0.0) -> tuple[FastAPI, SqliteChatMemoryStore
     async def chat(text: str, scope: SessionScope) -> dict[str, Any]:
         return {"scope": scope.memory_id, "answer": await bot.chat(text)}
 
-    @app.websocket("/ws")
-    async def ws(websocket: WebSocket, scope: WebSocketScope) -> None:
+    async def converse(websocket: WebSocket, scope: MemoryScope) -> None:
         await websocket.accept()
         await websocket.send_text(str(scope.memory_id))
         try:
@@ -91,15 +91,13 @@ def _app(path: Path, delay: float = 0.0) -> tuple[FastAPI, SqliteChatMemoryStore
         except WebSocketDisconnect:
             pass
 
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket, scope: WebSocketScope) -> None:
+        await converse(websocket, scope)
+
     @app.websocket("/session-ws")
     async def session_ws(websocket: WebSocket, scope: SessionScope) -> None:
-        await websocket.accept()
-        await websocket.send_text(str(scope.memory_id))
-        try:
-            while True:
-                await websocket.send_text(await bot.chat(await websocket.receive_text()))
-        except WebSocketDisconnect:
-            pass
+        await converse(websocket, scope)
 
     @app.get("/scope")
     async def no_scope() -> dict[str, Any]:

@@ -107,23 +107,45 @@ def test_a_failed_call_reports_the_usage_of_the_rounds_it_paid_for(
     assert call.attributes["gen_ai.usage.output_tokens"] == 30
 
 
-def test_a_stream_closed_by_its_reader_is_no_failure(exporter: InMemorySpanExporter) -> None:
-    class Teller(Protocol):
-        def tell(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
+class Teller(Protocol):
+    def tell(self, user: Annotated[str, MemoryId], text: str) -> Iterator[str]: ...
 
+    def atell(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
+
+
+async def _cancelled_while_reading(bot: Teller) -> None:
+    # A web client that disconnects: the server cancels the task reading the stream.
+    async def read() -> None:
+        async for _ in bot.atell("ann", "a story"):
+            pass
+
+    task = asyncio.create_task(read())
+    await asyncio.sleep(0.05)  # the model is still thinking
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("how", ["closed", "cancelled"])
+def test_a_stream_its_reader_stops_is_no_failure(exporter: InMemorySpanExporter, how: str) -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     bot = ai_service(
         Teller,
-        model=ScriptedChatModel("once upon a time", chunk_size=4),
+        model=ScriptedChatModel("once upon a time", delay=5 if how == "cancelled" else 0),
         listeners=[OpenTelemetryListener(tracer_provider=provider)],
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
-    stream = bot.tell("ann", "a story")
-    next(stream)
-    stream.close()  # a "stop" button
+    if how == "closed":
+        stream = bot.tell("ann", "a story")
+        next(stream)
+        stream.close()  # a "stop" button
+        name = "invoke_agent Teller.tell"
+    else:
+        asyncio.run(_cancelled_while_reading(bot))
+        name = "invoke_agent Teller.atell"
     spans = exporter.get_finished_spans()
-    assert {s.name for s in spans} == {"invoke_agent Teller.tell", "chat scripted"}
+    assert {s.name for s in spans} == {name, "chat scripted"}
     for span in spans:
         assert span.status.status_code is StatusCode.UNSET
         assert span.attributes is not None
@@ -132,7 +154,7 @@ def test_a_stream_closed_by_its_reader_is_no_failure(exporter: InMemorySpanExpor
         assert not span.events  # no exception recorded
 
 
-def test_a_call_that_dies_in_its_tools_marks_their_spans_as_failed(
+def test_a_call_that_dies_in_its_tools_marks_their_internal_spans_as_failed_first(
     exporter: InMemorySpanExporter,
 ) -> None:
     class Fatal(Exception):
@@ -150,14 +172,20 @@ def test_a_call_that_dies_in_its_tools_marks_their_spans_as_failed(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     bot = ai_service(
         Bot,
-        model=ScriptedChatModel(tool_call("boom"), "unreached"),
-        tools=[boom],
+        model=ScriptedChatModel(tool_calls(("boom", {}), ("double", {"n": 1})), "unreached"),
+        tools=[boom, double],
         tool_error_handler=give_up,
         listeners=[OpenTelemetryListener(tracer_provider=provider)],
         chat_memory_provider=MessageWindowChatMemory.provider(),
     )
     with pytest.raises(Fatal):
         bot.chat("ann", "hi")
+    spans = exporter.get_finished_spans()
+    call = next(s for s in spans if s.name.startswith("invoke_agent"))
+    for span in spans:
+        if span.name.startswith("execute_tool"):
+            assert span.kind is SpanKind.INTERNAL  # (the conventions' kind for a tool)
+            assert spans.index(span) < spans.index(call)  # no span ends after its parent
     (tool_span,) = [s for s in exporter.get_finished_spans() if s.name == "execute_tool boom"]
     assert tool_span.status.status_code is StatusCode.ERROR
     assert tool_span.attributes is not None
@@ -259,78 +287,3 @@ def test_a_failed_call_records_the_exceptions_type_and_no_content(
     for span in spans:
         for recorded in (span.attributes, *(e.attributes for e in span.events)):
             assert "SECRET" not in repr(dict(recorded or {}))
-
-
-def test_tool_spans_are_internal_and_end_before_the_call_they_belong_to(
-    exporter: InMemorySpanExporter,
-) -> None:
-    class Fatal(Exception):
-        pass
-
-    def give_up(error: Exception, request: object) -> str:
-        raise Fatal from error
-
-    @tool
-    def boom() -> str:
-        """Fails."""
-        raise ValueError("no")
-
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    bot = ai_service(
-        Bot,
-        model=ScriptedChatModel(tool_calls(("boom", {}), ("double", {"n": 1})), "unreached"),
-        tools=[boom, double],
-        tool_error_handler=give_up,
-        listeners=[OpenTelemetryListener(tracer_provider=provider)],
-        chat_memory_provider=MessageWindowChatMemory.provider(),
-    )
-    with pytest.raises(Fatal):
-        bot.chat("ann", "hi")
-    spans = exporter.get_finished_spans()
-    call = next(s for s in spans if s.name.startswith("invoke_agent"))
-    tools = [s for s in spans if s.name.startswith("execute_tool")]
-    assert tools
-    for span in tools:
-        assert span.kind is SpanKind.INTERNAL
-        assert span.end_time is not None
-        assert call.end_time is not None
-        assert span.end_time <= call.end_time
-        assert spans.index(span) < spans.index(call)  # ended (exported) before the call
-
-
-def test_an_async_stream_whose_task_is_cancelled_is_closed_early_not_failed(
-    exporter: InMemorySpanExporter,
-) -> None:
-    # A web client that disconnects: the server cancels the task reading the stream.
-    class Teller(Protocol):
-        def tell(self, user: Annotated[str, MemoryId], text: str) -> AsyncIterator[str]: ...
-
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    bot = ai_service(
-        Teller,
-        model=ScriptedChatModel("once upon a time", chunk_size=4, delay=5),
-        listeners=[OpenTelemetryListener(tracer_provider=provider)],
-        chat_memory_provider=MessageWindowChatMemory.provider(),
-    )
-
-    async def main() -> None:
-        async def read() -> None:
-            async for _ in bot.tell("ann", "a story"):
-                pass
-
-        task = asyncio.create_task(read())
-        await asyncio.sleep(0.05)  # the model is still thinking
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
-    spans = exporter.get_finished_spans()
-    assert {s.name for s in spans} == {"invoke_agent Teller.tell", "chat scripted"}
-    for span in spans:
-        assert span.status.status_code is StatusCode.UNSET
-        assert span.attributes is not None
-        assert span.attributes["aiservices.stream.closed_early"] is True
-        assert "error.type" not in span.attributes
