@@ -137,7 +137,6 @@ class MemoryScope:
             while outer is not None and not outer._active:
                 outer = outer._outer
             _current.set(outer)
-        self._outer = None
         return services if self.on_exit != "keep" else []
 
     def __enter__(self) -> MemoryScope:

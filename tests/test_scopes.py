@@ -118,6 +118,15 @@ def test_scopes_left_out_of_order_restore_no_scope_that_has_ended() -> None:
     assert _texts(bot, "second") == ["second starts", "ok", "while second", "ok"]
     assert _texts(bot, "default") == ["after both", "ok"]
 
+    # Inside a scope of their own, they leave it current.
+    with memory_scope("outer", on_exit="keep") as outer:
+        first, second = _scoped_job(bot, "first"), _scoped_job(bot, "second")
+        next(first)
+        next(second)
+        next(first, None)
+        next(second, None)
+        assert current_memory_scope() is outer
+
 
 def test_a_service_with_one_memory_is_unaffected() -> None:
     class One(Protocol):
