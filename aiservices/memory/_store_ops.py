@@ -44,7 +44,7 @@ class AsyncMode(enum.Enum):
 class StoreOps:
     """A store's operations, as a memory calls them; one object per kind of store."""
 
-    __slots__ = ("apply", "check", "history_only", "mode", "since")
+    __slots__ = ("apply", "check", "checks_writes", "history_only", "mode", "since")
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class StoreOps:
         mode: AsyncMode,
         check: bool = False,
         history_only: bool = False,
+        checks_writes: bool = False,
     ) -> None:
         self.since = since  # the store has get_messages_since
         self.apply = apply  # the store has apply_changes
@@ -62,6 +63,9 @@ class StoreOps:
         # apply_changes takes history_only=: the messages an add evicted at once reach the
         # history of a store that keeps one.
         self.history_only = history_only
+        # apply_changes takes since=: a write planned on a read that another writer has
+        # outdated is refused, and planned again.
+        self.checks_writes = checks_writes
 
     def check_id(self, store: Any, memory_id: Hashable) -> None:
         """Raise the store's ``ValueError`` if it can't hold ``memory_id``."""
@@ -80,25 +84,34 @@ class StoreOps:
 
         return read
 
-    def write(self, store: Any, memory_id: Hashable, change: Change) -> None:
-        """Append and remove what ``change`` says; its passed messages go to a history the
-        store keeps."""
+    def write(self, store: Any, memory_id: Hashable, change: Change, since: object) -> object:
+        """Append and remove what ``change`` says, planned on the read that returned
+        ``since``; its passed messages go to a history the store keeps. Returns the ``since``
+        for the next read and write; raises ``ConcurrentChangeError`` if the store refuses
+        a write whose read another writer outdated."""
         appended, removed, snapshot, passed = change
         if not self._kept(store, passed):
             if not appended and not removed:
-                return
+                return since
             passed = []
         ids = [m.message_id for m in removed]
-        if passed and None not in ids:
-            store.apply_changes(memory_id, appended=appended, removed=ids, history_only=passed)
-        elif self.apply and None not in ids:
-            store.apply_changes(memory_id, appended=appended, removed=ids)
-        elif self.apply:
+        if None not in ids and self.apply:
+            more = self._more(passed, since)
+            given = store.apply_changes(memory_id, appended=appended, removed=ids, **more)
+            return given if self.checks_writes else since
+        if self.apply:
             # A removed message without an id can only be removed by writing the window.
             store.update_messages(memory_id, snapshot())
         else:
             stored = store.get_messages(memory_id)
             store.update_messages(memory_id, [*_without(stored, removed), *appended])
+        return None if self.checks_writes else since
+
+    def _more(self, passed: list[ChatMessage], since: object) -> dict[str, object]:
+        """The keywords ``apply_changes`` is given beside the delta."""
+        if self.checks_writes:
+            return {"history_only": passed, "since": since} if passed else {"since": since}
+        return {"history_only": passed} if passed else {}
 
     def _kept(self, store: Any, passed: Sequence[ChatMessage]) -> bool:
         """Whether ``passed`` go to a history ``store`` keeps."""
@@ -119,24 +132,25 @@ class StoreOps:
             return await store.aget_messages_since(memory_id, since)  # type: ignore[no-any-return]
         return await store.aget_messages(memory_id), None
 
-    async def awrite(self, store: Any, memory_id: Hashable, change: Change) -> None:
+    async def awrite(
+        self, store: Any, memory_id: Hashable, change: Change, since: object
+    ) -> object:
         appended, removed, snapshot, passed = change
         if not self._kept(store, passed):
             if not appended and not removed:
-                return
+                return since
             passed = []
         ids = [m.message_id for m in removed]
-        if passed and None not in ids:
-            await store.aapply_changes(
-                memory_id, appended=appended, removed=ids, history_only=passed
-            )
-        elif self.apply and None not in ids:
-            await store.aapply_changes(memory_id, appended=appended, removed=ids)
-        elif self.apply:
+        if None not in ids and self.apply:
+            more = self._more(passed, since)
+            given = await store.aapply_changes(memory_id, appended=appended, removed=ids, **more)
+            return given if self.checks_writes else since
+        if self.apply:
             await store.aupdate_messages(memory_id, snapshot())
         else:
             stored = await store.aget_messages(memory_id)
             await store.aupdate_messages(memory_id, [*_without(stored, removed), *appended])
+        return None if self.checks_writes else since
 
     async def areplace(
         self, store: Any, memory_id: Hashable, messages: Sequence[ChatMessage]
@@ -199,14 +213,18 @@ def _resolve(store: object, blocking: bool) -> StoreOps:
             needed.append("aget_messages_since")
         mode = AsyncMode.NATIVE if all(map(has, needed)) else AsyncMode.THREAD
     history_only = apply and _takes(store, "apply_changes", "history_only")
+    # Checked writes plan on what a read returned: only with reads that return a since.
+    checks_writes = apply and since and _takes(store, "apply_changes", "since")
     if mode is AsyncMode.NATIVE:
         history_only = history_only and _takes(store, "aapply_changes", "history_only")
+        checks_writes = checks_writes and _takes(store, "aapply_changes", "since")
     return StoreOps(
         since=since,
         apply=apply,
         mode=mode,
         check=has("check_memory_id"),
         history_only=history_only,
+        checks_writes=checks_writes,
     )
 
 

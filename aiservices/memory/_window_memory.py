@@ -19,7 +19,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .._locks import TurnLock
 from ..messages import ChatMessage, SystemMessage, UserMessage, new_message_id
-from ..stores._base import ChatMemoryStore
+from ..stores._base import ChatMemoryStore, ConcurrentChangeError
 from ._base import own_store
 from ._store_ops import AsyncMode, Change, store_ops
 from ._window import EVICT, Limit, OverflowPolicy, Window, check_limit, check_messages, message_key
@@ -31,6 +31,10 @@ WRITE: Final = 1
 REPLACE: Final = 2
 DELETE: Final = 3
 ASK: Final = 4  # a model call an overflow policy asks for: (model, request)
+
+# How many times in a row an add plans again on a conversation other writers keep changing
+# before it gives up: each refusal means another writer's write went through.
+_REPLANS: Final = 100
 
 _Steps = Generator[tuple[int, Any], Any, Any]
 
@@ -172,16 +176,24 @@ class WindowChatMemory:
         lock.acquire()
         try:
             limit = self._read_limit()
-            window = self._window
-            if window is None or self._pending:
-                window = self._load(self._perform(READ, None), limit, trim=False)
-            added, removed, outcome = self._begin_add(window, messages, limit)
-            if type(outcome) is not tuple:
-                outcome = self._drive(outcome)
-            write = self._end_add(window, added, removed, outcome)
-            if write is not None:
-                self._ops.write(self._store, self._id, write)
+            replans = 0
+            while True:
+                window = self._window
+                if window is None or self._pending or self._unplanned():
+                    window = self._load(self._perform(READ, None), limit, trim=False)
+                added, removed, outcome = self._begin_add(window, messages, limit)
+                if type(outcome) is not tuple:
+                    outcome = self._drive(outcome)
+                write = self._end_add(window, added, removed, outcome)
+                if write is None:
+                    break
+                try:
+                    self._since = self._ops.write(self._store, self._id, write, self._since)
+                except ConcurrentChangeError:
+                    replans = self._outdated(replans)
+                    continue
                 self.evicted_messages += len(write.removed)
+                break
         except BaseException:
             self._reset()
             raise
@@ -216,16 +228,24 @@ class WindowChatMemory:
         await lock.aacquire()
         try:
             limit = self._read_limit()
-            window = self._window
-            if window is None or self._pending:
-                window = self._load(await self._aio(READ, None), limit, trim=False)
-            added, removed, outcome = self._begin_add(window, messages, limit)
-            if type(outcome) is not tuple:
-                outcome = await self._adrive(outcome)
-            write = self._end_add(window, added, removed, outcome)
-            if write is not None:
-                await self._aio(WRITE, write)
+            replans = 0
+            while True:
+                window = self._window
+                if window is None or self._pending or self._unplanned():
+                    window = self._load(await self._aio(READ, None), limit, trim=False)
+                added, removed, outcome = self._begin_add(window, messages, limit)
+                if type(outcome) is not tuple:
+                    outcome = await self._adrive(outcome)
+                write = self._end_add(window, added, removed, outcome)
+                if write is None:
+                    break
+                try:
+                    await self._aio(WRITE, write)
+                except ConcurrentChangeError:
+                    replans = self._outdated(replans)
+                    continue
                 self.evicted_messages += len(write.removed)
+                break
         except BaseException:
             self._reset()
             raise
@@ -403,6 +423,19 @@ class WindowChatMemory:
             return Change(added, removed, window.snapshot, passed)
         return None
 
+    def _unplanned(self) -> bool:
+        """Whether a checked write has no read to be planned on (after ``set``)."""
+        return self._since is None and self._ops.checks_writes
+
+    def _outdated(self, replans: int) -> int:
+        """After a write the store refused (another writer changed the conversation since
+        the read it was planned on): the next attempt reads and plans again."""
+        replans += 1
+        if replans > _REPLANS:
+            raise ConcurrentChangeError(self._id)
+        self._window = None
+        return replans
+
     def _setting(self, given: list[ChatMessage]) -> _Steps:
         limit = self._read_limit()
         seen: set[str] = set()
@@ -526,7 +559,7 @@ class WindowChatMemory:
             stored, self._since = self._read(memory_id, self._since)
             return stored
         if op == WRITE:
-            ops.write(store, memory_id, argument)
+            self._since = ops.write(store, memory_id, argument, self._since)
         elif op == REPLACE:
             ops.replace(store, memory_id, argument)
         elif op == DELETE:
@@ -610,7 +643,7 @@ class WindowChatMemory:
             stored, self._since = await ops.aread(store, memory_id, self._since)
             return stored
         if op == WRITE:
-            await ops.awrite(store, memory_id, argument)
+            self._since = await ops.awrite(store, memory_id, argument, self._since)
         elif op == REPLACE:
             await ops.areplace(store, memory_id, argument)
         else:

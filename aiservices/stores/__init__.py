@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
-from ._base import AsyncChatMemoryStore, ChatMemoryStore, IncrementalChatMemoryStore, store_key
+from ._base import (
+    AsyncChatMemoryStore,
+    ChatMemoryStore,
+    ConcurrentChangeError,
+    IncrementalChatMemoryStore,
+    store_key,
+)
 
 if TYPE_CHECKING:
     from ._common import ChatHistoryStore, CorruptMessageError, HistoryEntry, StoreSchemaError
@@ -22,6 +28,7 @@ __all__ = [
     "AsyncChatMemoryStore",
     "ChatHistoryStore",
     "ChatMemoryStore",
+    "ConcurrentChangeError",
     "CorruptMessageError",
     "HistoryEntry",
     "InMemoryChatMemoryStore",

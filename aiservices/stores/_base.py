@@ -6,11 +6,13 @@ import functools
 from collections.abc import Collection, Hashable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import AiServiceError
 from ..messages import ChatMessage
 
 __all__ = [
     "AsyncChatMemoryStore",
     "ChatMemoryStore",
+    "ConcurrentChangeError",
     "IncrementalChatMemoryStore",
     "memory_id_of",
     "store_key",
@@ -36,6 +38,15 @@ class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
 
     Memories use ``apply_changes`` when a store has it, so that a writer that had not
     seen another writer's messages (another process, say) never erases them.
+
+    A store that also has ``get_messages_since(memory_id, since) -> (messages, since)``
+    may take a ``since=`` keyword in ``apply_changes``: the ``since`` of the read (or of the
+    checked write) the memory planned this write on. If another writer has appended to the
+    conversation or emptied it since, the store writes nothing and raises
+    `ConcurrentChangeError`; the memory then reads again and plans the write anew, so that
+    its window's rules hold over what every writer stored. Such an ``apply_changes``
+    returns the ``since`` for the next read and checked write; ``since=None`` writes
+    unchecked.
     """
 
     def apply_changes(
@@ -49,6 +60,18 @@ class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
         messages whose ``message_id`` is in ``removed``; messages appended meanwhile by
         other writers are kept. Every appended message carries a ``message_id``."""
         ...
+
+
+class ConcurrentChangeError(AiServiceError, RuntimeError):
+    """Another writer changed the conversation since the read a checked write was planned
+    on; nothing was written. Memories handle it by reading again: a caller never sees it."""
+
+    def __init__(self, memory_id: Hashable) -> None:
+        super().__init__(
+            f"conversation {memory_id!r} was changed by another writer since it was read; "
+            "nothing was written: read it again and plan the write on what it holds now"
+        )
+        self.memory_id = memory_id
 
 
 _TYPED = "\x1f"

@@ -326,36 +326,53 @@ class WindowRead:
 
     ``after`` is the highest sequence number read; ``marks`` tell the rows apart (message
     ids, or sequence numbers where those are never reused) in step with ``messages``.
+    ``version`` is what a checked write compares with the conversation as it is then: the
+    number of the window's newest row (-1: none) unless the store says otherwise.
     """
 
-    __slots__ = ("after", "marks", "messages")
+    __slots__ = ("after", "marks", "messages", "version")
 
-    def __init__(self, after: int, marks: list[object], messages: list[ChatMessage]) -> None:
+    def __init__(
+        self, after: int, marks: list[object], messages: list[ChatMessage], version: int
+    ) -> None:
         self.after = after
         self.marks = marks
         self.messages = messages
+        self.version = version
+
+    def at(self, version: int) -> WindowRead:
+        """The same read, as of ``version``: what a checked write returns."""
+        return (
+            self
+            if version == self.version
+            else WindowRead(self.after, self.marks, self.messages, version)
+        )
 
 
 def window_since(
     rows: Sequence[tuple[int, object, object]],
     since: object,
     parse: Callable[[list[int]], list[ChatMessage]],
+    version: int | None = None,
 ) -> tuple[list[ChatMessage], WindowRead] | None:
     """The window from ``rows`` of ``(seq, mark, text)``, oldest first, reusing ``since``.
 
     A row's text is ``None`` at or below ``since.after``: its message is the one ``since``
     holds under the same mark. ``parse(indexes)`` parses the texts of those rows that have
     one. ``None`` when a row below the mark is not held (another writer numbered it lower):
-    the caller reads the window whole.
+    the caller reads the window whole. ``version`` is the read's (by default the newest
+    row's number).
     """
     held = since if isinstance(since, WindowRead) else None
     marks = [row[1] for row in rows]
     floor = -1 if held is None else held.after
+    if version is None:
+        version = rows[-1][0] if rows else -1
     if not rows:
-        return [], WindowRead(floor, marks, [])
+        return [], WindowRead(floor, marks, [], version)
     last = rows[-1][0]
     if held is not None and last <= floor and marks == held.marks:
-        return held.messages.copy(), held
+        return held.messages.copy(), held.at(version)
     by_mark = {} if held is None else dict(zip(held.marks, held.messages, strict=True))
     out: list[ChatMessage | None] = []
     todo: list[int] = []
@@ -372,7 +389,7 @@ def window_since(
         for i, message in zip(todo, parse(todo), strict=True):
             out[i] = message
     messages: list[ChatMessage] = out  # type: ignore[assignment]
-    return messages.copy(), WindowRead(max(last, floor), marks, messages)
+    return messages.copy(), WindowRead(max(last, floor), marks, messages, version)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Collection, Hashable, Iterator, Sequence
@@ -9,7 +10,7 @@ from datetime import timedelta
 from typing import ClassVar
 
 from ..messages import ChatMessage
-from ._base import memory_id_of, store_key
+from ._base import ConcurrentChangeError, memory_id_of, store_key
 from ._common import (
     appended_ids,
     check_retention,
@@ -28,15 +29,17 @@ class _Conversation:
     # the window. mids holds each message's id, in step with messages, and ids the same as
     # a set: a window's eviction is recognised by one slice comparison, and duplicate
     # checks need no scan.
-    # written: time.monotonic() of the last write, for retention.
-    __slots__ = ("ids", "messages", "mids", "start", "written")
+    # written: time.monotonic() of the last write, for retention. version: the store's
+    # count of writes when this conversation was last written (0: no conversation).
+    __slots__ = ("ids", "messages", "mids", "start", "version", "written")
 
-    def __init__(self, messages: list[ChatMessage], written: float) -> None:
+    def __init__(self, messages: list[ChatMessage], written: float, version: int) -> None:
         self.messages = messages
         self.start = 0
         self.mids: list[str | None] = [m.message_id for m in messages]
         self.ids: set[str | None] = set(self.mids)
         self.written = written
+        self.version = version
 
 
 class InMemoryChatMemoryStore:
@@ -56,11 +59,21 @@ class InMemoryChatMemoryStore:
     is_blocking: ClassVar[bool] = False
     """Its methods do no I/O: async calls use them directly, not through a worker thread."""
 
-    __slots__ = ("__weakref__", "_conversations", "_lock", "_next_purge", "retention")
+    __slots__ = (
+        "__weakref__",
+        "_conversations",
+        "_lock",
+        "_next_purge",
+        "_versions",
+        "retention",
+    )
 
     def __init__(self, *, retention: timedelta | None = None) -> None:
         self._conversations: dict[str, _Conversation] = {}
         self._lock = threading.Lock()
+        # Each write's number, from one count over the store: a conversation deleted and
+        # begun again never has a version a writer read before.
+        self._versions = itertools.count(1)
         self.retention = check_retention(retention)
         self._next_purge = (
             float("inf")
@@ -84,8 +97,8 @@ class InMemoryChatMemoryStore:
     def get_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """The stored messages, and ``None``: they are the stored objects themselves, so
-        there is nothing to reuse (the read a window memory makes)."""
+        """The stored messages, and the conversation's version for a checked write: the
+        messages are the stored objects themselves, so there is nothing else to reuse."""
         key = store_key(memory_id)
         # acquire/release rather than `with`: this runs on every call of a service.
         lock = self._lock
@@ -93,8 +106,8 @@ class InMemoryChatMemoryStore:
         try:
             conversation = self._conversations.get(key)
             if conversation is None:
-                return [], None
-            return conversation.messages[conversation.start :], None
+                return [], 0
+            return conversation.messages[conversation.start :], conversation.version
         finally:
             lock.release()
 
@@ -106,7 +119,7 @@ class InMemoryChatMemoryStore:
         now = _monotonic()
         with self._lock:
             if stored:
-                self._conversations[key] = _Conversation(stored, now)
+                self._conversations[key] = _Conversation(stored, now, next(self._versions))
             else:
                 self._conversations.pop(key, None)
         if now >= self._next_purge:
@@ -118,8 +131,15 @@ class InMemoryChatMemoryStore:
         *,
         appended: Sequence[ChatMessage],
         removed: Collection[str],
-    ) -> None:
-        """Remove the messages whose id is in ``removed``, then append ``appended``."""
+        since: object = None,
+    ) -> int:
+        """Remove the messages whose id is in ``removed``, then append ``appended``; return
+        the conversation's version after the write.
+
+        ``since`` (a version a read or write returned) checks the write: if another write
+        has changed the conversation since, nothing changes and `ConcurrentChangeError` is
+        raised.
+        """
         key = store_key(memory_id)
         new_ids = appended_ids(appended, removed)
         # acquire/release rather than `with`: this runs on every call of a service.
@@ -127,6 +147,8 @@ class InMemoryChatMemoryStore:
         lock.acquire()
         try:
             conversation = self._conversations.get(key)
+            if since is not None and since != (0 if conversation is None else conversation.version):
+                raise ConcurrentChangeError(memory_id)
             if conversation is not None:
                 ids = conversation.ids
                 if not ids.isdisjoint(new_ids):
@@ -135,17 +157,18 @@ class InMemoryChatMemoryStore:
                     for mid in new_ids:
                         if mid in ids and mid not in gone:
                             raise duplicate_id_error(mid, memory_id)
-                self._write(key, conversation, appended, new_ids, removed)
-                return
+                return self._write(key, conversation, appended, new_ids, removed)
             if not appended:
-                return
+                return 0
             now = _monotonic()
-            self._conversations[key] = _Conversation(list(appended), now)
+            version = next(self._versions)
+            self._conversations[key] = _Conversation(list(appended), now, version)
         finally:
             lock.release()
         # The store grows only when a conversation starts: that is when it purges.
         if now >= self._next_purge:
             self._purge_by_retention(now)
+        return version
 
     def _write(
         self,
@@ -154,9 +177,11 @@ class InMemoryChatMemoryStore:
         appended: Sequence[ChatMessage],
         new_ids: list[str],
         removed: Collection[str | None],
-    ) -> None:
-        """Apply a checked write to a stored conversation; the store's lock is held."""
+    ) -> int:
+        """Apply a checked write to a stored conversation, the store's lock held; return its
+        version after."""
         conversation.written = _monotonic()
+        conversation.version = version = next(self._versions)
         if removed:
             _remove(conversation, removed)
         if appended:
@@ -165,6 +190,8 @@ class InMemoryChatMemoryStore:
             conversation.ids.update(new_ids)
         elif not conversation.ids:
             del self._conversations[key]
+            return 0
+        return version
 
     def memory_ids(self) -> Iterator[Hashable]:
         """The ids of the conversations this store holds, each as it was given."""

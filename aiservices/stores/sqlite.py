@@ -49,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, Self
 
 from ..messages import ChatMessage, message_to_json
-from ._base import memory_id_of, store_key
+from ._base import ConcurrentChangeError, memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -427,12 +427,16 @@ class SqliteChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> WindowRead:
         """In one transaction, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message.
 
         ``history_only`` left the window in the write that brought them: with
         ``keep_history`` they are recorded in history, as evicted, before ``appended``.
+        ``since`` (what a read or a write returned) checks the write: if another writer has
+        appended to the window or emptied it since, nothing changes and
+        `ConcurrentChangeError` is raised. Returns the ``since`` for the next read and write.
         """
         key = _key(memory_id)
         passing = history_only if self.keep_history else ()
@@ -440,9 +444,16 @@ class SqliteChatMemoryStore:
         appended_ids([*passing, *appended] if passing else appended, removed)
         conn = self._connection()
         with self._writing(conn):
+            # The window's newest number: every append raises it, emptying drops it to -1.
+            window_top, history_top = conn.execute(self._sql.top_seqs, (key,)).fetchone()
+            if isinstance(since, WindowRead) and window_top != since.version:
+                raise ConcurrentChangeError(memory_id)
             # Numbered after the rows removed too: a number is never given twice while the
             # conversation has rows, so a reader's mark never meets another message.
-            last = self._last_seq(conn, key)
+            last = max(window_top, history_top)
+            if last < 0:
+                last = self._first_seq()
+            version = window_top
             if removed:
                 self._evict(conn, key, list(removed))
             if passing:
@@ -456,20 +467,28 @@ class SqliteChatMemoryStore:
                 last += len(passing)
             if appended:
                 self._append(conn, memory_id, key, appended, None, last=last)
-            elif removed and not passing:
-                self._keep_last_seq(conn, key, last)
+                version = last + len(appended)
+            elif removed:
+                if not passing:
+                    self._keep_last_seq(conn, key, last)
+                (version,) = conn.execute(self._sql.window_top, (key,)).fetchone()
         if self.retention is not None and time.monotonic() >= self._next_purge:
             self._purge_by_retention()
+        if isinstance(since, WindowRead):
+            return since.at(version)
+        return WindowRead(-1, [], [], version)
 
     def _last_seq(self, conn: sqlite3.Connection, key: str | bytes) -> int:
-        """The number the next row follows: the conversation's last, window and history.
-
-        A conversation with no rows (new, or emptied) numbers from the clock in
-        microseconds: numbers a reader holds from before it was emptied are lower, since
-        writing them took longer than that.
-        """
+        """The number the next row follows: the conversation's last, window and history."""
         (last,) = conn.execute(self._sql.last_seq, (key,)).fetchone()
-        return last if last >= 0 else time.time_ns() // 1000
+        return last if last >= 0 else self._first_seq()
+
+    @staticmethod
+    def _first_seq() -> int:
+        """Where a conversation with no rows (new, or emptied) numbers from: the clock in
+        microseconds. Numbers a reader holds from before it was emptied are lower, since
+        writing them took longer than that."""
+        return time.time_ns() // 1000
 
     def _keep_last_seq(self, conn: sqlite3.Connection, key: str | bytes, last: int) -> None:
         """After a write that removed rows and numbered none: make the highest row left
@@ -556,10 +575,11 @@ class SqliteChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> object:
         """`apply_changes` on the store's thread: if the caller is cancelled, a call
         that has not started never runs, and one that has is waited for."""
-        await self._write(self._apply, memory_id, appended, removed, history_only)
+        return await self._write(self._apply, memory_id, appended, removed, history_only, since)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """`update_messages` on the store's thread."""
@@ -583,13 +603,16 @@ class SqliteChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage],
-    ) -> None:
+        since: object,
+    ) -> object:
+        # Only the keywords given: a subclass that overrides apply_changes without
+        # history_only= or since= takes the call.
+        more: dict[str, Any] = {}
         if history_only:
-            self.apply_changes(
-                memory_id, appended=appended, removed=removed, history_only=history_only
-            )
-        else:  # as a subclass that overrides apply_changes without history_only takes it
-            self.apply_changes(memory_id, appended=appended, removed=removed)
+            more["history_only"] = history_only
+        if since is not None:
+            more["since"] = since
+        return self.apply_changes(memory_id, appended=appended, removed=removed, **more)
 
     def _io(self) -> IoThread:
         if self._closed:
@@ -601,16 +624,18 @@ class SqliteChatMemoryStore:
         stalled = self._stalled_after
         return self._read_thread if stalled and time.monotonic() > stalled else thread
 
-    async def _write(self, function: Callable[..., None], *args: Any) -> None:
-        await self._io().run(self._timed, time.monotonic() + self._timeout, function, args)
+    async def _write(self, function: Callable[..., object], *args: Any) -> Any:
+        return await self._io().run(self._timed, time.monotonic() + self._timeout, function, args)
 
-    def _timed(self, deadline: float, function: Callable[..., None], args: tuple[Any, ...]) -> None:
+    def _timed(
+        self, deadline: float, function: Callable[..., object], args: tuple[Any, ...]
+    ) -> Any:
         """``function(*args)`` on the store's thread, its writes begun by ``deadline``."""
         local = self._local
         local.deadline = deadline
         self._stalled_after = time.monotonic() + _STALLED
         try:
-            function(*args)
+            return function(*args)
         finally:
             self._stalled_after = 0.0
             local.deadline = None
@@ -821,6 +846,7 @@ class _Statements:
         "renumber_history",
         "schema",
         "top_seqs",
+        "window_top",
     )
 
     def __init__(self, table: str) -> None:
@@ -869,6 +895,7 @@ class _Statements:
             "ORDER BY seq DESC LIMIT 1), -1)"
         )
         self.last_seq = f"SELECT max({window_top}, {history_top})"
+        self.window_top = f"SELECT {window_top}"
         self.top_seqs = f"SELECT {window_top}, {history_top}"
         self.renumber = f"UPDATE {table} SET seq = ?1 WHERE memory_key = ?2 AND seq = ?3"
         self.renumber_history = f"UPDATE {history} SET seq = ?1 WHERE memory_key = ?2 AND seq = ?3"
