@@ -172,33 +172,7 @@ class WindowChatMemory:
         if not messages:
             return
         check_messages(messages, "add")
-        lock = self._lock
-        lock.acquire()
-        try:
-            limit = self._read_limit()
-            replans = 0
-            while True:
-                window = self._window
-                if window is None or self._pending or self._unplanned():
-                    window = self._load(self._perform(READ, None), limit, trim=False)
-                added, removed, outcome = self._begin_add(window, messages, limit)
-                if type(outcome) is not tuple:
-                    outcome = self._drive(outcome)
-                write = self._end_add(window, added, removed, outcome)
-                if write is None:
-                    break
-                try:
-                    self._since = self._ops.write(self._store, self._id, write, self._since)
-                except ConcurrentChangeError:
-                    replans = self._outdated(replans)
-                    continue
-                self.evicted_messages += len(write.removed)
-                break
-        except BaseException:
-            self._reset()
-            raise
-        finally:
-            lock.release()
+        self._run(self._adding(messages))
 
     def set(self, messages: Iterable[ChatMessage]) -> None:
         """Replace the conversation with ``messages``, under the window's rules."""
@@ -224,33 +198,7 @@ class WindowChatMemory:
         if self._waits_to_count():
             await _in_worker(self.add, *messages)
             return
-        lock = self._lock
-        await lock.aacquire()
-        try:
-            limit = self._read_limit()
-            replans = 0
-            while True:
-                window = self._window
-                if window is None or self._pending or self._unplanned():
-                    window = self._load(await self._aio(READ, None), limit, trim=False)
-                added, removed, outcome = self._begin_add(window, messages, limit)
-                if type(outcome) is not tuple:
-                    outcome = await self._adrive(outcome)
-                write = self._end_add(window, added, removed, outcome)
-                if write is None:
-                    break
-                try:
-                    await self._aio(WRITE, write)
-                except ConcurrentChangeError:
-                    replans = self._outdated(replans)
-                    continue
-                self.evicted_messages += len(write.removed)
-                break
-        except BaseException:
-            self._reset()
-            raise
-        finally:
-            self._unlock()
+        await self._arun(self._adding(messages))
 
     async def aset(self, messages: Iterable[ChatMessage]) -> None:
         """`set` for async callers."""
@@ -354,6 +302,32 @@ class WindowChatMemory:
         stored = yield READ, None
         return self._settle(stored, limit)
 
+    def _adding(self, messages: Sequence[ChatMessage]) -> _Steps:
+        limit = self._read_limit()
+        replans = 0
+        while True:
+            window = self._window
+            if window is None or self._pending or self._unplanned():
+                window = self._load((yield READ, None), limit, trim=False)
+            added, removed, outcome = self._begin_add(window, messages, limit)
+            if type(outcome) is not tuple:
+                outcome = yield from outcome
+            write = self._end_add(window, added, removed, outcome)
+            if write is None:
+                return None
+            try:
+                yield WRITE, write
+            except ConcurrentChangeError:
+                # Another writer changed the conversation since the read this add was
+                # planned on: plan it again on what the store holds now.
+                replans += 1
+                if replans > _REPLANS:
+                    raise
+                self._window = None
+                continue
+            self.evicted_messages += len(write.removed)
+            return None
+
     def _settle(self, stored: list[ChatMessage], limit: int) -> list[ChatMessage]:
         """The window for what a read found: the one held when the store holds just it."""
         window = self._window
@@ -426,15 +400,6 @@ class WindowChatMemory:
     def _unplanned(self) -> bool:
         """Whether a checked write has no read to be planned on (after ``set``)."""
         return self._since is None and self._ops.checks_writes
-
-    def _outdated(self, replans: int) -> int:
-        """After a write the store refused (another writer changed the conversation since
-        the read it was planned on): the next attempt reads and plans again."""
-        replans += 1
-        if replans > _REPLANS:
-            raise ConcurrentChangeError(self._id)
-        self._window = None
-        return replans
 
     def _setting(self, given: list[ChatMessage]) -> _Steps:
         limit = self._read_limit()
@@ -546,12 +511,20 @@ class WindowChatMemory:
     def _drive(self, steps: _Steps) -> Any:
         perform = self._perform
         value: Any = None
+        refused: ConcurrentChangeError | None = None
         while True:
             try:
-                op, argument = steps.send(value)
+                if refused is None:
+                    op, argument = steps.send(value)
+                else:
+                    op, argument = steps.throw(refused)
+                    refused = None
             except StopIteration as stop:
                 return stop.value
-            value = perform(op, argument)
+            try:
+                value = perform(op, argument)
+            except ConcurrentChangeError as error:  # the steps plan again
+                refused = error
 
     def _perform(self, op: int, argument: Any) -> Any:
         ops, store, memory_id = self._ops, self._store, self._id
@@ -585,12 +558,20 @@ class WindowChatMemory:
 
     async def _adrive(self, steps: _Steps) -> Any:
         value: Any = None
+        refused: ConcurrentChangeError | None = None
         while True:
             try:
-                op, argument = steps.send(value)
+                if refused is None:
+                    op, argument = steps.send(value)
+                else:
+                    op, argument = steps.throw(refused)
+                    refused = None
             except StopIteration as stop:
                 return stop.value
-            value = await (_aask(*argument) if op == ASK else self._aio(op, argument))
+            try:
+                value = await (_aask(*argument) if op == ASK else self._aio(op, argument))
+            except ConcurrentChangeError as error:  # the steps plan again
+                refused = error
 
     async def _aio(self, op: int, argument: Any) -> Any:
         """Perform a store step for an async caller, the lock held."""

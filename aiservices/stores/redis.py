@@ -17,7 +17,10 @@ match a pattern meant for another.
 A read is one ``LRANGE`` or one read-only script. Every write is one Lua script, which
 Redis runs atomically: a turn appends to the lists and removes the evicted messages, found
 by their message id from the front (``LPOS``), so writers in any thread, task or process
-never lose another's messages, and the conversation is never written whole.
+never lose another's messages, and the conversation is never written whole. A checked
+write (``apply_changes(..., since=...)``) compares, in its script, the newest number in
+``P{E}:s`` (-1: none) with the one its read saw, and changes nothing if they differ: numbers
+only grow, so another writer's append changes it, and so does emptying the window.
 
 Clients made from a URL wait at most ``socket_timeout`` for a reply. Each write they send
 carries a deadline on the server's clock: the call's start plus ``socket_timeout``, placed
@@ -58,7 +61,7 @@ from redis.retry import Retry
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_from_json, message_to_json
-from ._base import memory_id_of, store_key
+from ._base import ConcurrentChangeError, memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -181,30 +184,44 @@ end
 return {seqs, texts, redis.call('TIME'), held, whole}
 """
 
-# ARGV: keep_history (0/1), ttl in ms (0: none), deadline, token, the number of removed ids,
-# the removed ids, the number of appended messages that go to history alone (keep_history
-# only), then id, message, id, message, ... for the appended ones.
-# Returns 'ok'; 'applied' when the same write (its token) was applied before, as when the
-# client sends it again after losing the reply; 'late' past the deadline, or
+# ARGV: keep_history (0/1), ttl in ms (0: none), deadline, the version the write was planned
+# on ('': unchecked), token, the number of removed ids, the removed ids, the number of
+# appended messages that go to history alone (keep_history only), then id, message, id,
+# message, ... for the appended ones. A version is the window's newest sequence number, -1
+# when it is empty.
+# Returns {'ok', version after the write}; {'applied', version after it} when the same write
+# (its token) was applied before, as when the client sends it again after losing the reply;
+# 'changed' when the window's version is not the one planned on, 'late' past the deadline, or
 # {'duplicate', message_id}, changing nothing.
 _APPLY = """
-local keep, ttl, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[4]
-local last_removed = 5 + tonumber(ARGV[5])
+local keep, ttl, planned, token = ARGV[1] == '1', tonumber(ARGV[2]), ARGV[4], ARGV[5]
+local last_removed = 6 + tonumber(ARGV[6])
 local passing = tonumber(ARGV[last_removed + 1])
 local first_pair = last_removed + 2
 local removing = {}
-for k = 6, last_removed do removing[ARGV[k]] = true end
+for k = 7, last_removed do removing[ARGV[k]] = true end
+local duplicate
 for k = first_pair, #ARGV, 2 do
   if not removing[ARGV[k]] then
     local entry = redis.call('HGET', x, ARGV[k])
     if entry then
-      if string.sub(entry, -#token - 1) == ' ' .. token then return 'applied' end
-      return {'duplicate', ARGV[k]}
+      if string.sub(entry, -#token - 1) == ' ' .. token then
+        -- Its messages were numbered in a row: the last is the newest the write left.
+        -- (-2, no version at all, if the entry is not a number.)
+        local seq = tonumber(string.match(entry, '^%S+'))
+        return {'applied', seq and string.format('%d', seq + (#ARGV - 1 - k) / 2) or '-2'}
+      end
+      duplicate = ARGV[k]
+      break
     end
   end
 end
+-- Another writer's append gives the window a newer number (numbers only grow); emptying it
+-- leaves none.
+if planned ~= '' and (redis.call('LINDEX', s, -1) or '-1') ~= planned then return 'changed' end
+if duplicate then return {'duplicate', duplicate} end
 if late(ARGV[3]) then return 'late' end
-for k = 6, last_removed do
+for k = 7, last_removed do
   local entry = redis.call('HGET', x, ARGV[k])
   if entry then
     local seq = string.match(entry, '^%S+')
@@ -215,7 +232,7 @@ for k = 6, last_removed do
 end
 if #ARGV > last_removed + 1 then append(first_pair, token, passing) end
 finish(ttl)
-return 'ok'
+return {'ok', redis.call('LINDEX', s, -1) or '-1'}
 """
 
 # Returns the window's texts, their sequence numbers and the id index, read together (what
@@ -519,21 +536,25 @@ class RedisChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> WindowRead:
         """In one script, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message.
 
         ``history_only`` left the window in the write that brought them: with
-        ``keep_history`` they are recorded in history, as evicted, before ``appended``. Sent
-        again after a lost reply (redis-py retries on connection errors), the same call is
-        recognised and not applied twice.
+        ``keep_history`` they are recorded in history, as evicted, before ``appended``.
+        ``since`` (what a read or a write returned) checks the write: if another writer has
+        appended to the window or emptied it since, nothing changes and
+        `ConcurrentChangeError` is raised. Returns the ``since`` for the next read and write.
+        Sent again after a lost reply (redis-py retries on connection errors), the same call
+        is recognised and not applied twice.
         """
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed, history_only, self.keep_history)
+        args, texts = _apply_args(appended, removed, history_only, self.keep_history, since)
         deadline = self._deadline(keys, started)
         result = self._call(_APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
-        self._applied(memory_id, result, appended, texts)
+        return self._applied(memory_id, result, appended, texts, since)
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -618,21 +639,24 @@ class RedisChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> WindowRead:
         """`apply_changes` for async callers."""
         client = self._aclient()
         if client is None:
-            more = {"history_only": history_only} if history_only else {}
+            # Only the keywords given: a subclass's apply_changes may take neither.
+            more: dict[str, Any] = {"history_only": history_only} if history_only else {}
+            if since is not None:
+                more["since"] = since
             return await thread_call(
                 self.apply_changes, memory_id, appended=appended, removed=removed, **more
             )
         started = time.monotonic()
         keys = self.keys(memory_id)
-        args, texts = _apply_args(appended, removed, history_only, self.keep_history)
+        args, texts = _apply_args(appended, removed, history_only, self.keep_history, since)
         deadline = await self._adeadline(client, keys, started)
         result = await self._acall(client, _APPLY_SCRIPT, keys, [*self._flags(), deadline, *args])
-        self._applied(memory_id, result, appended, texts)
-        return None
+        return self._applied(memory_id, result, appended, texts, since)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """`update_messages` for async callers."""
@@ -925,11 +949,20 @@ class RedisChatMemoryStore:
         result: Any,
         appended: Sequence[ChatMessage],
         texts: list[str],
-    ) -> None:
-        if isinstance(result, list):
+        since: object,
+    ) -> WindowRead:
+        """What ``apply_changes`` returns for the reply ``_APPLY`` gave, or its error."""
+        status = _text(result[0] if isinstance(result, list) else result)
+        if status == "duplicate":
             raise duplicate_id_error(_text(result[1]), memory_id)
-        self._check_in_time(_text(result), memory_id, "apply_changes")
+        if status == "changed":
+            raise ConcurrentChangeError(memory_id)
+        self._check_in_time(status, memory_id, "apply_changes")
         self._cache.remember(texts[len(texts) - len(appended) :], appended)
+        version = int(result[1])  # "ok" or "applied"
+        if isinstance(since, WindowRead):
+            return since.at(version)
+        return WindowRead(-1, [], [], version)
 
     def _update_args(
         self, memory_id: Hashable, messages: Sequence[ChatMessage]
@@ -1045,6 +1078,7 @@ def _apply_args(
     removed: Collection[str],
     history_only: Sequence[ChatMessage],
     keep_history: bool,
+    since: object,
 ) -> tuple[list[Any], list[str]]:
     """The arguments of ``_APPLY`` after the flags and the deadline, and the texts appended
     (``history_only``'s first; none without history)."""
@@ -1053,8 +1087,10 @@ def _apply_args(
     every = [*history_only, *appended] if history_only else appended
     new_ids = appended_ids(every, removed)
     texts = [message_to_json(m) for m in every]
+    planned = str(since.version) if isinstance(since, WindowRead) else ""
     # 96 random bits: one write's token is never taken for another's.
-    args: list[Any] = [secrets.token_urlsafe(12), len(removed), *removed, len(history_only)]
+    token = secrets.token_urlsafe(12)
+    args: list[Any] = [planned, token, len(removed), *removed, len(history_only)]
     for mid, text in zip(new_ids, texts, strict=True):
         args += (mid, text)
     return args, texts

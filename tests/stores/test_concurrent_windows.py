@@ -21,7 +21,7 @@ from aiservices.messages import (
     UserMessage,
 )
 from aiservices.models import ChatRequest, ChatResponse
-from aiservices.stores import InMemoryChatMemoryStore
+from aiservices.stores import ConcurrentChangeError, InMemoryChatMemoryStore
 from aiservices.testing import ScriptedChatModel
 
 from .conftest import OpenedBackend
@@ -220,3 +220,26 @@ def test_two_workers_answering_at_once_keep_the_window(backend: OpenedBackend) -
         "slow question",
         "slow answer",
     ]
+
+
+class Refusing(InMemoryChatMemoryStore):
+    """Refuses every checked write, as if other writers always got in first."""
+
+    refusals = 0
+
+    def apply_changes(
+        self, memory_id: Any, *, appended: Any, removed: Any, since: Any = None
+    ) -> int:
+        if since is not None:
+            self.refusals += 1
+            raise ConcurrentChangeError(memory_id)
+        return super().apply_changes(memory_id, appended=appended, removed=removed)
+
+
+def test_an_add_refused_again_and_again_gives_up_and_stores_nothing() -> None:
+    store = Refusing()
+    memory = MessageWindowChatMemory(3, id="c", store=store)
+    with pytest.raises(ConcurrentChangeError, match="changed by another writer"):
+        memory.add(*turn(0))
+    assert store.refusals == 101  # the first plan and 100 more
+    assert store.get_messages("c") == []
