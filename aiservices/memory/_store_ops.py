@@ -96,9 +96,17 @@ class StoreOps:
             passed = []
         ids = [m.message_id for m in removed]
         if None not in ids and self.apply:
-            more = self._more(passed, since)
-            given = store.apply_changes(memory_id, appended=appended, removed=ids, **more)
-            return given if self.checks_writes else since
+            if self.checks_writes:
+                if passed:
+                    return store.apply_changes(
+                        memory_id, appended=appended, removed=ids, history_only=passed, since=since
+                    )
+                return store.apply_changes(memory_id, appended=appended, removed=ids, since=since)
+            if passed:
+                store.apply_changes(memory_id, appended=appended, removed=ids, history_only=passed)
+            else:
+                store.apply_changes(memory_id, appended=appended, removed=ids)
+            return since
         if self.apply:
             # A removed message without an id can only be removed by writing the window.
             store.update_messages(memory_id, snapshot())
@@ -106,12 +114,6 @@ class StoreOps:
             stored = store.get_messages(memory_id)
             store.update_messages(memory_id, [*_without(stored, removed), *appended])
         return None if self.checks_writes else since
-
-    def _more(self, passed: list[ChatMessage], since: object) -> dict[str, object]:
-        """The keywords ``apply_changes`` is given beside the delta."""
-        if self.checks_writes:
-            return {"history_only": passed, "since": since} if passed else {"since": since}
-        return {"history_only": passed} if passed else {}
 
     def _kept(self, store: Any, passed: Sequence[ChatMessage]) -> bool:
         """Whether ``passed`` go to a history ``store`` keeps."""
@@ -142,9 +144,13 @@ class StoreOps:
             passed = []
         ids = [m.message_id for m in removed]
         if None not in ids and self.apply:
-            more = self._more(passed, since)
-            given = await store.aapply_changes(memory_id, appended=appended, removed=ids, **more)
-            return given if self.checks_writes else since
+            more: dict[str, object] = {"history_only": passed} if passed else {}
+            if self.checks_writes:
+                return await store.aapply_changes(
+                    memory_id, appended=appended, removed=ids, since=since, **more
+                )
+            await store.aapply_changes(memory_id, appended=appended, removed=ids, **more)
+            return since
         if self.apply:
             await store.aupdate_messages(memory_id, snapshot())
         else:

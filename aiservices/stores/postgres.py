@@ -43,6 +43,12 @@ is stored (``update_messages`` renumbers and edits rows in place), so a removal 
 message by its id, and none loses another's messages. The other writes are transactions
 that lock the same row first.
 
+A read's ``since`` carries the conversation's ``last_seq`` (-1: no row), and a checked write
+(``apply_changes(..., since=)``) takes its numbers only if the row's ``last_seq`` is still
+that one (none still missing, for -1), a condition PostgreSQL evaluates on the row's newest
+version once it holds the lock; emptying a window with ``keep_history`` raises ``last_seq``,
+and emptying it otherwise, or `forget`, drops the row, so no write planned before passes.
+
 Every wait is bounded. The server cancels a statement after ``statement_timeout`` and a lock
 wait after ``lock_timeout`` (set on each connection the store opens). On the client, a call
 gives up ``timeout`` seconds after it started, whether it is waiting for a connection or for
@@ -87,7 +93,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from .._per_loop import PerLoop, close_in_loop
 from ..messages import ChatMessage, message_to_json
-from ._base import memory_id_of, store_key
+from ._base import ConcurrentChangeError, memory_id_of, store_key
 from ._common import (
     CorruptMessageError,
     HistoryEntry,
@@ -431,16 +437,17 @@ class PostgresChatMemoryStore:
     def get_messages_since(
         self, memory_id: Hashable, since: object = None
     ) -> tuple[list[ChatMessage], object]:
-        """The window, and what to pass as ``since`` to the next read of it.
+        """The window, and what to pass as ``since`` to the next read of it or to a checked
+        `apply_changes`.
 
         Messages an earlier read returned (``since`` is what it returned beside them) are
         reused rather than parsed again: only rows newer than that read are fetched whole.
         """
         rows = self._run(self._since_op(memory_id, since), transaction=False)
-        read = window_since(rows, since, self._parser(memory_id, rows))
+        read = self._window(memory_id, since, rows)
         if read is None:
             rows = self._run(self._since_op(memory_id, None), transaction=False)
-            read = window_since(rows, None, self._parser(memory_id, rows))
+            read = self._window(memory_id, None, rows)
             assert read is not None  # every row has its text
         return read
 
@@ -451,17 +458,22 @@ class PostgresChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> WindowRead:
         """In one statement, remove the messages whose id is in ``removed`` (moving them to
         history with ``keep_history``), then append ``appended`` after every stored message.
 
         ``history_only`` left the window in the write that brought them: with
         ``keep_history`` they are recorded in history, as evicted, before ``appended``
-        (in the same transaction).
+        (in the same transaction). With ``since`` from `get_messages_since` (or from the
+        last checked write), the write is made only if no other writer appended to the
+        conversation or emptied it since, else nothing is written and
+        `~aiservices.stores.ConcurrentChangeError` is raised. Returns the ``since`` for the
+        next read and checked write.
         """
-        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only)
+        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only, since)
         try:
-            self._run(op, transaction=whole, write=True)
+            version = self._run(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
             ids = [m.message_id for m in (*history_only, *appended)]
@@ -473,6 +485,7 @@ class PostgresChatMemoryStore:
         self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             self._purge_by_retention()
+        return _written(since, version)
 
     def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """Make the window equal to ``messages``, writing only the difference.
@@ -563,10 +576,10 @@ class PostgresChatMemoryStore:
     ) -> tuple[list[ChatMessage], object]:
         """`get_messages_since` for async callers."""
         rows = await self._arun(self._since_op(memory_id, since), transaction=False)
-        read = window_since(rows, since, self._parser(memory_id, rows))
+        read = self._window(memory_id, since, rows)
         if read is None:
             rows = await self._arun(self._since_op(memory_id, None), transaction=False)
-            read = window_since(rows, None, self._parser(memory_id, rows))
+            read = self._window(memory_id, None, rows)
             assert read is not None  # every row has its text
         return read
 
@@ -577,11 +590,12 @@ class PostgresChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
-    ) -> None:
+        since: object = None,
+    ) -> WindowRead:
         """`apply_changes` for async callers."""
-        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only)
+        op, texts, whole = self._apply_op(memory_id, appended, removed, history_only, since)
         try:
-            await self._arun(op, transaction=whole, write=True)
+            version = await self._arun(op, transaction=whole, write=True)
         except psycopg.errors.UniqueViolation as exc:
             self._check_duplicate(exc)
             ids = [m.message_id for m in (*history_only, *appended)]
@@ -593,6 +607,7 @@ class PostgresChatMemoryStore:
         self._cache.remember(texts[len(texts) - len(appended) :], appended)
         if time.monotonic() >= self._next_purge:
             await self._apurge_by_retention()
+        return _written(since, version)
 
     async def aupdate_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
         """`update_messages` for async callers."""
@@ -621,7 +636,8 @@ class PostgresChatMemoryStore:
 
     def _since_op(self, memory_id: Hashable, since: object) -> _Op:
         after = since.after if isinstance(since, WindowRead) else -1
-        return (yield _Query(self._sql.read_since, (after, _file_key(memory_id)[0]), fetch=True))
+        key, _ = _file_key(memory_id)
+        return (yield _Query(self._sql.read_since, (key, after, key, key), fetch=True))
 
     def _history_op(self, memory_id: Hashable) -> _Op:
         key, _ = _file_key(memory_id)
@@ -633,12 +649,15 @@ class PostgresChatMemoryStore:
         appended: Sequence[ChatMessage],
         removed: Collection[str],
         history_only: Sequence[ChatMessage] = (),
+        since: object = None,
     ) -> tuple[_Op, list[str], bool]:
         """The write, its messages' texts, and whether it needs a transaction (more than
-        one statement)."""
+        one statement). The write returns the conversation's last_seq after it."""
         if history_only and self.keep_history:
             # Appended ahead of the others, then moved to history: numbered in order.
-            op, texts, _ = self._apply_op(memory_id, [*history_only, *appended], removed)
+            op, texts, _ = self._apply_op(
+                memory_id, [*history_only, *appended], removed, since=since
+            )
             ids = [m.message_id for m in history_only]
             key, _ = _file_key(memory_id)
             return _then(op, _Query(self._sql.evict, (key, ids))), texts, True
@@ -646,19 +665,30 @@ class PostgresChatMemoryStore:
         texts = [message_to_json(m) for m in appended]
         key, full = _file_key(memory_id)
         s = self._sql
-        history = self.keep_history
+        read = since.version if isinstance(since, WindowRead) else None
         n = len(appended)
-        if appended and removed:
-            statement = s.apply_evict if history else s.apply_delete
+        if appended:
+            # A plan read on a conversation's row may only update that row.
+            if read is None or read == -1:
+                take: tuple[Any, ...] = (key, n, full, read)
+                turns = s.turns
+            else:
+                take = (n, key, read)
+                turns = s.held_turns
             rows = _rows(appended, texts)
-            query = _Query(statement, (key, n, full, list(removed), n, *rows))
-        elif appended:
-            query = _Query(s.apply_append, (key, n, full, n, *_rows(appended, texts)))
-        elif removed:
-            query = _Query(s.remove_evict if history else s.remove, (key, list(removed)))
-        else:
-            return _nothing(), texts, False
-        return _single(query), texts, False
+            if removed:
+                statement = turns[2] if self.keep_history else turns[1]
+                query = _Query(statement, (*take, list(removed), n, *rows), fetch=True)
+            else:
+                query = _Query(turns[0], (*take, n, *rows), fetch=True)
+            return _appending(query, memory_id), texts, False
+        if removed:
+            statement = s.remove_evict if self.keep_history else s.remove
+            query = _Query(statement, (key, read, list(removed)), fetch=True)
+            return _removing(query, memory_id, read), texts, False
+        if read is not None:
+            return _nothing(read), texts, False
+        return _single(_Query(s.version, (key,), fetch=True), first=True), texts, False
 
     def _update_op(
         self, memory_id: Hashable, messages: Sequence[ChatMessage]
@@ -719,7 +749,7 @@ class PostgresChatMemoryStore:
     def _delete_op(self, memory_id: Hashable) -> _Op:
         key, _ = _file_key(memory_id)
         s = self._sql
-        locked = yield _Query(s.lock, (key,), fetch=True)
+        locked = yield _Query(s.lock_changed, (key,), fetch=True)
         if not locked:
             return  # no conversation row: nothing stored
         if self.keep_history:
@@ -894,6 +924,15 @@ class PostgresChatMemoryStore:
 
     # -- results -------------------------------------------------------------------------
 
+    def _window(
+        self, memory_id: Hashable, since: object, rows: _Rows
+    ) -> tuple[list[ChatMessage], WindowRead] | None:
+        """`window_since` of what `_since_op` read: ``(seq, message_id, message, version)``
+        rows, or one row of NULLs and the version when the window is empty."""
+        version = rows[0][3]
+        window = [] if rows[0][0] is None else [row[:3] for row in rows]
+        return window_since(window, since, self._parser(memory_id, window), version)
+
     def _parser(self, memory_id: Hashable, rows: _Rows) -> Callable[[list[int]], list[ChatMessage]]:
         # rows: (seq, message_id, message)
         def parse(indexes: list[int]) -> list[ChatMessage]:
@@ -939,18 +978,44 @@ class PostgresChatMemoryStore:
         return duplicate_id_error(next((i for i in ids if i in stored), ids[0]), memory_id)
 
 
-def _single(query: _Query) -> _Op:
-    return (yield query)
+def _single(query: _Query, *, first: bool = False) -> _Op:
+    # first: the value of the one row's one column.
+    rows = yield query
+    return rows[0][0] if first else rows
 
 
 def _then(op: _Op, query: _Query) -> _Op:
-    yield from op
+    result = yield from op
     yield query
+    return result
 
 
-def _nothing() -> _Op:
-    return
+def _nothing(result: Any = None) -> _Op:
+    return result
     yield
+
+
+def _appending(query: _Query, memory_id: Hashable) -> _Op:
+    # No row: a checked write's conversation had changed, and nothing was written.
+    rows = yield query
+    if not rows:
+        raise ConcurrentChangeError(memory_id)
+    return rows[0][0]
+
+
+def _removing(query: _Query, memory_id: Hashable, read: int | None) -> _Op:
+    rows = yield query
+    version = rows[0][0] if rows else -1
+    if read is not None and version != read:
+        raise ConcurrentChangeError(memory_id)  # and the removals were not made
+    return version
+
+
+def _written(since: object, version: int) -> WindowRead:
+    """What a write planned on ``since`` returns, the conversation at ``version`` after it."""
+    if isinstance(since, WindowRead):
+        return since.at(version)
+    return WindowRead(-1, [], [], version)
 
 
 def _rows(messages: Sequence[ChatMessage], texts: Sequence[str]) -> tuple[list[Any], ...]:
@@ -975,11 +1040,17 @@ def _drive(conn: psycopg.Connection[Any], op: _Op, *, transaction: bool, write: 
     # A write of one statement: in autocommit the server would commit it as it runs it,
     # even if it ran it only after the call had given up (a frozen server that goes on),
     # behind the caller's back. BEGIN goes with the statement, in one round trip, and
-    # COMMIT only once its result is in: a statement cut off is rolled back.
+    # COMMIT only once its result is in: a statement cut off is rolled back. Its rows are
+    # read once the Sync sent as the pipeline ends has brought them: read inside it, they
+    # would be waited for before that Sync is sent, a round trip more.
     try:
         with conn.pipeline():
             conn.execute("BEGIN")
-            result = _steps(conn, op)
+            query, result = _first(op)
+            if query is not None:
+                cursor = conn.cursor(row_factory=tuple_row).execute(query.sql, query.params)
+        if query is not None:
+            result = _steps(conn, op, cursor.fetchall() if query.fetch else None)
     except BaseException:
         if conn.info.transaction_status in _OPEN:
             with suppress(psycopg.Error):
@@ -992,8 +1063,16 @@ def _drive(conn: psycopg.Connection[Any], op: _Op, *, transaction: bool, write: 
 _OPEN: Final = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
 
 
-def _steps(conn: psycopg.Connection[Any], op: _Op) -> Any:
-    rows: _Rows | None = None
+def _first(op: _Op) -> tuple[_Query | None, Any]:
+    """The operation's first statement, or ``None`` and its result if it needs none."""
+    try:
+        return op.send(None), None
+    except StopIteration as stop:
+        return None, stop.value
+
+
+def _steps(conn: psycopg.Connection[Any], op: _Op, rows: _Rows | None = None) -> Any:
+    # rows: those of the statement the operation yielded last, already run.
     while True:
         try:
             query = op.send(rows)
@@ -1015,7 +1094,12 @@ async def _adrive(
     try:
         async with conn.pipeline():
             await conn.execute("BEGIN")
-            result = await _asteps(conn, op)
+            query, result = _first(op)
+            if query is not None:
+                cursor = conn.cursor(row_factory=tuple_row)
+                await cursor.execute(query.sql, query.params)
+        if query is not None:
+            result = await _asteps(conn, op, await cursor.fetchall() if query.fetch else None)
     except BaseException:
         if conn.info.transaction_status in _OPEN:
             with suppress(psycopg.Error):
@@ -1025,8 +1109,7 @@ async def _adrive(
     return result
 
 
-async def _asteps(conn: psycopg.AsyncConnection[Any], op: _Op) -> Any:
-    rows: _Rows | None = None
+async def _asteps(conn: psycopg.AsyncConnection[Any], op: _Op, rows: _Rows | None = None) -> Any:
     while True:
         try:
             query = op.send(rows)
@@ -1560,10 +1643,17 @@ class _Statements:
             )
         )
         self.read = render("SELECT seq, message FROM {table} WHERE memory_key = %s ORDER BY seq")
-        # Rows at or below the first parameter were read before: their text is not sent.
+        # Rows at or below the second parameter were read before: their text is not sent.
+        # Each row carries the conversation's last_seq (-1: no row), read in the same
+        # snapshot as the window; an empty window is one row of NULLs beside it. A union
+        # sorted as a whole would sort the window rather than read it in index order.
         self.read_since = render(
-            "SELECT seq, message_id, CASE WHEN seq > %s THEN message END FROM {table} "
-            "WHERE memory_key = %s ORDER BY seq"
+            "WITH v AS (SELECT coalesce((SELECT last_seq FROM {conversations} "
+            "WHERE memory_key = %s), -1) AS version) "
+            "(SELECT seq, message_id, CASE WHEN seq > %s THEN message END, "
+            "(SELECT version FROM v) FROM {table} WHERE memory_key = %s ORDER BY seq) "
+            "UNION ALL SELECT NULL, NULL, NULL, version FROM v "
+            "WHERE NOT EXISTS (SELECT FROM {table} WHERE memory_key = %s)"
         )
         self.read_window = render(
             "SELECT message_id, message FROM {table} WHERE memory_key = %s ORDER BY seq"
@@ -1595,15 +1685,45 @@ class _Statements:
         self.allocate = render(allocate)
         self.allocate_returning = render(f"{allocate} RETURNING last_seq")
         self.lock = render("SELECT last_seq FROM {conversations} WHERE memory_key = %s FOR UPDATE")
+        # Emptying a window changes last_seq, so that a checked write planned before fails.
+        self.lock_changed = render(
+            "UPDATE {conversations} SET last_seq = last_seq + 1 WHERE memory_key = %s "
+            "RETURNING last_seq"
+        )
+        self.version = render(
+            "SELECT coalesce((SELECT last_seq FROM {conversations} WHERE memory_key = %s), -1)"
+        )
         # A turn: take numbers, then insert after them. With removals, the deletions run
         # first (the count in the WHERE makes the insert wait for them), so a message may be
         # removed and appended again in one call. Every writer locks the conversation's row
         # before any of its message rows (the deletions read the key from the row they
         # locked), else a turn and a forget could each hold what the other waits for.
-        take = f"c AS ({allocate} RETURNING memory_key, last_seq)"
-        held = "held AS (SELECT memory_key FROM {conversations} WHERE memory_key = %s FOR UPDATE)"
+        # A checked write takes numbers only if last_seq is still the one its plan read
+        # (the take's last parameter; NULL: unchecked, -1: no row). Under READ COMMITTED a
+        # subquery on the messages would see the statement's snapshot, taken before the
+        # lock wait; these conditions are on the locked row itself, which PostgreSQL
+        # evaluates again on its newest version once the lock is held (a snapshot showing
+        # another last_seq already shows a change). With the condition unmet nothing is
+        # taken, so nothing is deleted or inserted, and the statement returns no row.
+        take = (
+            f"c AS ({allocate} WHERE c.last_seq = coalesce(%s::bigint, c.last_seq) "
+            "RETURNING memory_key, last_seq)"
+        )
+        # A conversation read with a row: an UPDATE, which never creates one.
+        take_held = (
+            "c AS (UPDATE {conversations} AS c SET last_seq = c.last_seq + %s "
+            "WHERE c.memory_key = %s AND c.last_seq = %s::bigint RETURNING memory_key, last_seq)"
+        )
+        # Removals only: the row's newest last_seq is returned (none: no row), and the rows
+        # are deleted only if it is the one read.
+        held = (
+            "held AS (SELECT memory_key, last_seq FROM {conversations} WHERE memory_key = %s "
+            "FOR UPDATE), checked AS (SELECT memory_key FROM held "
+            "WHERE last_seq = coalesce(%s::bigint, last_seq))"
+        )
         append = (
-            "INSERT INTO {table} (memory_key, seq, message_id, turn_id, created_at, message) "
+            "added AS (INSERT INTO {table} "
+            "(memory_key, seq, message_id, turn_id, created_at, message) "
             "SELECT c.memory_key, c.last_seq - %s + u.ord, u.message_id, u.turn_id, "
             f"u.created_at, u.message FROM c, {new_rows}"
         )
@@ -1617,17 +1737,29 @@ class _Statements:
             f"INSERT INTO {{history}} ({all_columns}, evicted_at) "
             f"SELECT {all_columns}, clock_timestamp() FROM gone"
         )
-        self.apply_append = render(f"WITH {take} {append}")
-        self.apply_delete = render(
-            f"WITH {take}, gone AS ({delete_locked('c')} RETURNING 1) {append}{after_gone}"
+
+        def turns(take: str) -> tuple[str, str, str]:
+            # Appending, deleting and appending, evicting and appending.
+            return (
+                render(f"WITH {take}, {append}) SELECT last_seq FROM c"),
+                render(
+                    f"WITH {take}, gone AS ({delete_locked('c')} RETURNING 1), "
+                    f"{append}{after_gone}) SELECT last_seq FROM c"
+                ),
+                render(
+                    f"WITH {take}, gone AS ({delete_locked('c')} RETURNING {all_columns}), "
+                    f"moved AS ({to_history}), {append}{after_gone}) SELECT last_seq FROM c"
+                ),
+            )
+
+        self.turns = turns(take)
+        self.held_turns = turns(take_held)
+        self.remove = render(
+            f"WITH {held}, gone AS ({delete_locked('checked')}) SELECT last_seq FROM held"
         )
-        self.apply_evict = render(
-            f"WITH {take}, gone AS ({delete_locked('c')} RETURNING {all_columns}), "
-            f"moved AS ({to_history}) {append}{after_gone}"
-        )
-        self.remove = render(f"WITH {held} {delete_locked('held')}")
         self.remove_evict = render(
-            f"WITH {held}, gone AS ({delete_locked('held')} RETURNING {all_columns}) {to_history}"
+            f"WITH {held}, gone AS ({delete_locked('checked')} RETURNING {all_columns}), "
+            f"moved AS ({to_history}) SELECT last_seq FROM held"
         )
         # Under a lock already held: an update has locked the conversation's row.
         self.delete_ids = render(delete_ids)
