@@ -307,7 +307,8 @@ class WindowChatMemory:
         replans = 0
         while True:
             window = self._window
-            if window is None or self._pending or self._unplanned():
+            # (A checked write is planned on a read: after set() there is none.)
+            if window is None or self._pending or (self._since is None and self._ops.checks_writes):
                 window = self._load((yield READ, None), limit, trim=False)
             added, removed, outcome = self._begin_add(window, messages, limit)
             if type(outcome) is not tuple:
@@ -396,10 +397,6 @@ class WindowChatMemory:
         if added or removed or passed:
             return Change(added, removed, window.snapshot, passed)
         return None
-
-    def _unplanned(self) -> bool:
-        """Whether a checked write has no read to be planned on (after ``set``)."""
-        return self._since is None and self._ops.checks_writes
 
     def _setting(self, given: list[ChatMessage]) -> _Steps:
         limit = self._read_limit()

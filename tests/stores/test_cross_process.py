@@ -82,3 +82,60 @@ def test_processes_sharing_a_conversation_lose_no_turn(
     for worker in range(PROCESSES):
         mine = [q.text for q in questions if q.text.split(":")[0] == str(worker)]  # type: ignore[union-attr]
         assert mine == [f"{worker}:{turn}" for turn in range(TURNS)]
+
+
+WINDOW = 6
+
+
+def chat_in_a_small_window(
+    opener: Callable[..., Any], start: Any, memory_id: str, worker: int
+) -> None:
+    store = opener(keep_history=True)
+    try:
+        bot = ai_service(
+            Bot,
+            model=ScriptedChatModel(default=answer),
+            chat_memory_provider=MessageWindowChatMemory.provider(
+                max_messages=WINDOW, evict_whole_turns=True, store=store
+            ),
+        )
+        start.wait()
+        for turn in range(TURNS // 2):
+            bot.chat(memory_id, f"{worker}:{turn}")
+            # Whatever the other processes stored meanwhile, every write was planned on
+            # what the store held: the window never grows past its limit, and starts with
+            # a question.
+            window = store.get_messages(memory_id)
+            assert len(window) <= WINDOW, len(window)
+            assert isinstance(window[0], UserMessage), window[0]
+    finally:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()
+
+
+@pytest.mark.slow
+def test_processes_sharing_a_small_window_keep_it_within_its_limit(
+    history_backend: OpenedBackend,
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(PROCESSES)
+    workers = [
+        context.Process(
+            target=chat_in_a_small_window,
+            args=(history_backend.opener, start, "small", w),
+        )
+        for w in range(PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=300)
+    assert [w.exitcode for w in workers] == [0] * PROCESSES
+
+    store = history_backend.open(keep_history=True)
+    assert len(store.get_messages("small")) <= WINDOW
+    # History keeps every turn whole, once.
+    recorded = [e.message for e in store.get_history("small")]
+    assert len(recorded) == 2 * PROCESSES * (TURNS // 2)
+    assert len({m.message_id for m in recorded}) == len(recorded)
