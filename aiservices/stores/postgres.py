@@ -637,7 +637,7 @@ class PostgresChatMemoryStore:
     def _since_op(self, memory_id: Hashable, since: object) -> _Op:
         after = since.after if isinstance(since, WindowRead) else -1
         key, _ = _file_key(memory_id)
-        return (yield _Query(self._sql.read_since, (key, after, key, key), fetch=True))
+        return (yield _Query(self._sql.read_since, (after, key, key), fetch=True))
 
     def _history_op(self, memory_id: Hashable) -> _Op:
         key, _ = _file_key(memory_id)
@@ -927,11 +927,14 @@ class PostgresChatMemoryStore:
     def _window(
         self, memory_id: Hashable, since: object, rows: _Rows
     ) -> tuple[list[ChatMessage], WindowRead] | None:
-        """`window_since` of what `_since_op` read: ``(seq, message_id, message, version)``
-        rows, or one row of NULLs and the version when the window is empty."""
-        version = rows[0][3]
-        window = [] if rows[0][0] is None else [row[:3] for row in rows]
-        return window_since(window, since, self._parser(memory_id, window), version)
+        """`window_since` of what `_since_op` read: the window's ``(seq, message_id,
+        message)`` rows and ``(version, None, None)``, last as the query is planned."""
+        rows = list(rows)
+        at = len(rows) - 1
+        if rows[at][1] is not None:  # (a plan that puts the union's parts in another order)
+            at = next(i for i, row in enumerate(rows) if row[1] is None)
+        version = rows.pop(at)[0]
+        return window_since(rows, since, self._parser(memory_id, rows), version)
 
     def _parser(self, memory_id: Hashable, rows: _Rows) -> Callable[[list[int]], list[ChatMessage]]:
         # rows: (seq, message_id, message)
@@ -1643,17 +1646,16 @@ class _Statements:
             )
         )
         self.read = render("SELECT seq, message FROM {table} WHERE memory_key = %s ORDER BY seq")
-        # Rows at or below the second parameter were read before: their text is not sent.
-        # Each row carries the conversation's last_seq (-1: no row), read in the same
-        # snapshot as the window; an empty window is one row of NULLs beside it. A union
-        # sorted as a whole would sort the window rather than read it in index order.
+        # Rows at or below the first parameter were read before: their text is not sent.
+        # One more row, (last_seq, NULL, NULL), brings the conversation's version (-1: no
+        # row) in the same snapshot as the window: a column on every row would be decoded
+        # once per row, and a union sorted as a whole would sort the window rather than
+        # read it in index order.
         self.read_since = render(
-            "WITH v AS (SELECT coalesce((SELECT last_seq FROM {conversations} "
-            "WHERE memory_key = %s), -1) AS version) "
-            "(SELECT seq, message_id, CASE WHEN seq > %s THEN message END, "
-            "(SELECT version FROM v) FROM {table} WHERE memory_key = %s ORDER BY seq) "
-            "UNION ALL SELECT NULL, NULL, NULL, version FROM v "
-            "WHERE NOT EXISTS (SELECT FROM {table} WHERE memory_key = %s)"
+            "(SELECT seq, message_id, CASE WHEN seq > %s THEN message END FROM {table} "
+            "WHERE memory_key = %s ORDER BY seq) "
+            "UNION ALL SELECT coalesce((SELECT last_seq FROM {conversations} "
+            "WHERE memory_key = %s), -1), NULL, NULL"
         )
         self.read_window = render(
             "SELECT message_id, message FROM {table} WHERE memory_key = %s ORDER BY seq"
