@@ -7,7 +7,6 @@ process's turns in its own order, and none lost: 800 messages.
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
@@ -18,6 +17,7 @@ from aiservices.messages import AiMessage, UserMessage
 from aiservices.models import ChatRequest
 from aiservices.testing import ScriptedChatModel
 
+from ._processes import in_processes
 from .conftest import OpenedBackend
 
 PROCESSES = 4
@@ -34,17 +34,30 @@ def answer(request: ChatRequest) -> str:
     return f"answer to {question.text}"
 
 
-def chat_in_process(opener: Callable[..., Any], start: Any, memory_id: str, worker: int) -> None:
-    store = opener()
+def chat_in_process(
+    opener: Callable[..., Any], start: Any, memory_id: str, worker: int, window: int = 0
+) -> None:
+    """Make turns on ``memory_id``: ``TURNS`` in an unbounded window, or half as many in one
+    of ``window`` messages, checking it after each."""
+    store = opener(keep_history=True) if window else opener()
     try:
         bot = ai_service(
             Bot,
             model=ScriptedChatModel(default=answer),
-            chat_memory_provider=MessageWindowChatMemory.provider(max_messages=10_000, store=store),
+            chat_memory_provider=MessageWindowChatMemory.provider(
+                max_messages=window or 10_000, evict_whole_turns=bool(window), store=store
+            ),
         )
         start.wait()
-        for turn in range(TURNS):
+        for turn in range(TURNS // 2 if window else TURNS):
             bot.chat(memory_id, f"{worker}:{turn}")
+            if window:
+                # Whatever the other processes stored meanwhile, every write was planned on
+                # what the store held: the window never grows past its limit, and starts
+                # with a question.
+                held = store.get_messages(memory_id)
+                assert len(held) <= window, len(held)
+                assert isinstance(held[0], UserMessage), held[0]
     finally:
         close = getattr(store, "close", None)
         if close is not None:
@@ -55,20 +68,7 @@ def chat_in_process(opener: Callable[..., Any], start: Any, memory_id: str, work
 def test_processes_sharing_a_conversation_lose_no_turn(
     persistent_backend: OpenedBackend,
 ) -> None:
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(PROCESSES)
-    workers = [
-        context.Process(
-            target=chat_in_process,
-            args=(persistent_backend.opener, start, "shared", w),
-        )
-        for w in range(PROCESSES)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=300)
-    assert [w.exitcode for w in workers] == [0] * PROCESSES
+    in_processes(PROCESSES, chat_in_process, persistent_backend.opener, "shared")
 
     messages = persistent_backend.open().get_messages("shared")
     assert len(messages) == 2 * PROCESSES * TURNS
@@ -87,51 +87,11 @@ def test_processes_sharing_a_conversation_lose_no_turn(
 WINDOW = 6
 
 
-def chat_in_a_small_window(
-    opener: Callable[..., Any], start: Any, memory_id: str, worker: int
-) -> None:
-    store = opener(keep_history=True)
-    try:
-        bot = ai_service(
-            Bot,
-            model=ScriptedChatModel(default=answer),
-            chat_memory_provider=MessageWindowChatMemory.provider(
-                max_messages=WINDOW, evict_whole_turns=True, store=store
-            ),
-        )
-        start.wait()
-        for turn in range(TURNS // 2):
-            bot.chat(memory_id, f"{worker}:{turn}")
-            # Whatever the other processes stored meanwhile, every write was planned on
-            # what the store held: the window never grows past its limit, and starts with
-            # a question.
-            window = store.get_messages(memory_id)
-            assert len(window) <= WINDOW, len(window)
-            assert isinstance(window[0], UserMessage), window[0]
-    finally:
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
-
-
 @pytest.mark.slow
 def test_processes_sharing_a_small_window_keep_it_within_its_limit(
     history_backend: OpenedBackend,
 ) -> None:
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(PROCESSES)
-    workers = [
-        context.Process(
-            target=chat_in_a_small_window,
-            args=(history_backend.opener, start, "small", w),
-        )
-        for w in range(PROCESSES)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=300)
-    assert [w.exitcode for w in workers] == [0] * PROCESSES
+    in_processes(PROCESSES, chat_in_process, history_backend.opener, "small", WINDOW)
 
     store = history_backend.open(keep_history=True)
     assert len(store.get_messages("small")) <= WINDOW

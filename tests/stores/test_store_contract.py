@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import uuid
@@ -29,6 +28,7 @@ from aiservices.messages import (
 from aiservices.stores import HistoryEntry, store_key
 
 from ._messages import texts, user
+from ._processes import in_processes
 from .conftest import OpenedBackend
 
 
@@ -569,20 +569,9 @@ def test_concurrent_appends_from_processes_lose_nothing(
     persistent_backend: OpenedBackend,
 ) -> None:
     processes, turns = 4, 50
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(processes)
-    workers = [
-        context.Process(
-            target=_append_in_process,
-            args=(persistent_backend.opener, start, "shared", w, turns),
-        )
-        for w in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-    assert [w.exitcode for w in workers] == [0] * processes
+    in_processes(
+        processes, _append_in_process, persistent_backend.opener, "shared", turns, timeout=120
+    )
     store = persistent_backend.open()
     _assert_interleaved(store.get_messages("shared"), processes, turns)
 
