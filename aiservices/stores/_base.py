@@ -42,11 +42,12 @@ class IncrementalChatMemoryStore(ChatMemoryStore, Protocol):
     A store that also has ``get_messages_since(memory_id, since) -> (messages, since)``
     may take a ``since=`` keyword in ``apply_changes``: the ``since`` of the read (or of the
     checked write) the memory planned this write on. If another writer has appended to the
-    conversation or emptied it since, the store writes nothing and raises
-    `ConcurrentChangeError`; the memory then reads again and plans the write anew, so that
-    its window's rules hold over what every writer stored. Such an ``apply_changes``
-    returns the ``since`` for the next read and checked write; ``since=None`` writes
-    unchecked.
+    conversation or cleared it (``delete_messages``, ``forget``) since, the store writes
+    nothing and raises `ConcurrentChangeError`; the memory then reads again and plans the
+    write anew, so that its window's rules hold over what every writer stored. (A write that
+    only removes messages need not be detected: it can't push a window over its limit.)
+    Such an ``apply_changes`` returns the ``since`` for the next read and checked write;
+    ``since=None`` writes unchecked.
     """
 
     def apply_changes(

@@ -467,7 +467,7 @@ class PostgresChatMemoryStore:
         ``keep_history`` they are recorded in history, as evicted, before ``appended``
         (in the same transaction). With ``since`` from `get_messages_since` (or from the
         last checked write), the write is made only if no other writer appended to the
-        conversation or emptied it since, else nothing is written and
+        conversation or cleared it since, else nothing is written and
         `~aiservices.stores.ConcurrentChangeError` is raised. Returns the ``since`` for the
         next read and checked write.
         """
