@@ -140,8 +140,10 @@ class SdkChatModel(LazyClient[SyncT], Generic[SyncT, AsyncT]):
         )
 
     def __repr__(self) -> str:
-        where = f", base_url={_redact_url(self._base_url)!r}" if self._base_url else ""
-        return f"{type(self).__name__}(model={self.model_name!r}{where})"
+        # Also for an object whose __init__ raised: a traceback that shows locals calls this.
+        base_url = getattr(self, "_base_url", None)
+        where = f", base_url={_redact_url(base_url)!r}" if base_url else ""
+        return f"{type(self).__name__}(model={getattr(self, 'model_name', None)!r}{where})"
 
     def _new_client(self) -> SyncT:
         return self._sdk[0](**self._connection_options(), http_client=self._http_client)

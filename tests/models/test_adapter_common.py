@@ -195,6 +195,20 @@ def test_a_repr_masks_every_query_value_and_the_fragment_of_the_base_url(
     model.close()
 
 
+@pytest.mark.parametrize("make", [OpenAIChatModel, AnthropicChatModel])
+def test_a_model_whose_making_failed_still_has_a_repr(
+    make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A traceback that shows its frames' locals shows the half-made ``self``."""
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match="API key") as failed:
+        make("m")
+    frame = failed.traceback[-1].frame
+    half_made = frame.f_locals["self"]
+    assert repr(half_made).startswith(f"{type(half_made).__name__}(model=")
+
+
 # -- token usage ------------------------------------------------------------------------------
 
 
