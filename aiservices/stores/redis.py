@@ -80,9 +80,9 @@ from ._common import (
 
 __all__ = ["RedisChatMemoryStore"]
 
-# Shared by the scripts. KEYS are always w, s, x, n, h.
+# Shared by the scripts. KEYS are always w, s, x, n, h, t.
 _PRELUDE = """
-local w, s, x, n, h = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local w, s, x, n, h, t = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local now
 local function clock()
   if not now then
@@ -150,7 +150,7 @@ local function finish(ttl)
   -- Without history, an emptied conversation leaves no key behind; with it, the counter
   -- stays, so that later messages are numbered after the history's.
   if redis.call('EXISTS', w) == 0 and redis.call('EXISTS', h) == 0 then
-    redis.call('DEL', n)
+    redis.call('DEL', n, t)
   end
   if ttl > 0 then
     for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
@@ -216,6 +216,16 @@ for k = first_pair, #ARGV, 2 do
     end
   end
 end
+-- A write whose messages all left the window at once put none in x: t keeps the tokens of
+-- the latest such writes, each with the version it left.
+local to_history_only = passing > 0 and passing == (#ARGV - first_pair + 1) / 2
+if to_history_only then
+  for _, entry in ipairs(redis.call('LRANGE', t, 0, -1)) do
+    if string.sub(entry, 1, #token + 1) == token .. ' ' then
+      return {'applied', string.sub(entry, #token + 2)}
+    end
+  end
+end
 -- Another writer's append gives the window a newer number (numbers only grow); emptying it
 -- leaves none.
 if planned ~= '' and (redis.call('LINDEX', s, -1) or '-1') ~= planned then return 'changed' end
@@ -231,8 +241,13 @@ for k = 7, last_removed do
   end
 end
 if #ARGV > last_removed + 1 then append(first_pair, token, passing) end
+local version = redis.call('LINDEX', s, -1) or '-1'
+if to_history_only then
+  redis.call('LPUSH', t, token .. ' ' .. version)
+  redis.call('LTRIM', t, 0, 15)
+end
 finish(ttl)
-return {'ok', redis.call('LINDEX', s, -1) or '-1'}
+return {'ok', version}
 """
 
 # Returns the window's texts, their sequence numbers and the id index, read together (what
@@ -281,7 +296,7 @@ return 'ok'
 # ARGV: deadline. Erases every key of the conversation.
 _FORGET = """
 if late(ARGV[1]) then return 'late' end
-redis.call('DEL', w, s, x, n, h)
+redis.call('DEL', w, s, x, n, h, t)
 return 'ok'
 """
 
@@ -313,7 +328,7 @@ _FORGET_SCRIPT = _Script.of(_FORGET)
 _HISTORY_SCRIPT = _Script.of(_HISTORY)
 _TIME_SCRIPT = _Script.of("return redis.call('TIME')")
 
-_Keys = tuple[str, str, str, str, str]
+_Keys = tuple[str, str, str, str, str, str]
 _Client = redis.Redis | redis.cluster.RedisCluster
 _AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
@@ -470,10 +485,11 @@ class RedisChatMemoryStore:
         )
 
     def keys(self, memory_id: Hashable) -> _Keys:
-        """The conversation's keys: window, sequence numbers, id index, counter, history."""
+        """The conversation's keys: window, sequence numbers, id index, counter, history,
+        and the tokens of the latest writes that went to history alone."""
         tag = base64.urlsafe_b64encode(store_key(memory_id).encode("utf-8", "surrogatepass"))
         base = f"{self.key_prefix}{{{tag.rstrip(b'=').decode() or '='}}}:"
-        return f"{base}w", f"{base}s", f"{base}x", f"{base}n", f"{base}h"
+        return f"{base}w", f"{base}s", f"{base}x", f"{base}n", f"{base}h", f"{base}t"
 
     def check_memory_id(self, memory_id: Hashable) -> None:
         """Raise ``ValueError`` if ``memory_id``'s keys would be longer than Redis holds."""
@@ -821,11 +837,11 @@ class RedisChatMemoryStore:
             client = self._client
             execute: Any = client.execute_command  # untyped in redis-py
             try:
-                return execute("EVALSHA", script.sha, 5, *keys, *args, **_RAW)
+                return execute("EVALSHA", script.sha, len(keys), *keys, *args, **_RAW)
             except NoScriptError:
                 # A server that restarted, or that never saw the script: load it and go on.
                 client.script_load(script.source)
-                return execute("EVALSHA", script.sha, 5, *keys, *args, **_RAW)
+                return execute("EVALSHA", script.sha, len(keys), *keys, *args, **_RAW)
         except (redis.exceptions.TimeoutError, redis.exceptions.MovedError) as exc:
             raise self._explained(exc, fenced=self._fence is not None) from exc
 
@@ -835,10 +851,14 @@ class RedisChatMemoryStore:
         """`_call` on an async client."""
         try:
             try:
-                return await client.execute_command("EVALSHA", script.sha, 5, *keys, *args, **_RAW)
+                return await client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
+                )
             except NoScriptError:
                 await client.script_load(script.source)
-                return await client.execute_command("EVALSHA", script.sha, 5, *keys, *args, **_RAW)
+                return await client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
+                )
         except (redis.exceptions.TimeoutError, redis.exceptions.MovedError) as exc:
             raise self._explained(exc, fenced=self._afence is not None) from exc
 
@@ -1037,7 +1057,7 @@ class RedisChatMemoryStore:
         return self._cache.parse(texts, corrupt)
 
     def _history(self, memory_id: Hashable, keys: _Keys, raw: list[Any]) -> list[HistoryEntry]:
-        w, _, _, _, h = keys
+        w, h = keys[0], keys[4]
         evicted, seqs, window = raw[0], raw[1], raw[2]
         # (sequence number, message text, evicted_at, where: key and position)
         rows: list[tuple[int, str, datetime | None, tuple[str, int]]] = []

@@ -106,7 +106,7 @@ def test_keys_encode_the_memory_id_under_one_hash_tag(store: RedisChatMemoryStor
     for memory_id in TRICKY_IDS:
         tag = base64.urlsafe_b64encode(store_key(memory_id).encode()).rstrip(b"=").decode()
         keys = store.keys(memory_id)
-        assert keys == tuple(f"{store.key_prefix}{{{tag or '='}}}:{k}" for k in "wsxnh")
+        assert keys == tuple(f"{store.key_prefix}{{{tag or '='}}}:{k}" for k in "wsxnht")
 
 
 def test_a_pattern_for_one_conversation_matches_no_other(
@@ -116,7 +116,7 @@ def test_a_pattern_for_one_conversation_matches_no_other(
         store.update_messages(memory_id, [user(f"m{n}")])
         store.apply_changes(memory_id, appended=[user(f"n{n}")], removed=[])
     for n, memory_id in enumerate(TRICKY_IDS):
-        w, s, x, n_key, _ = store.keys(memory_id)
+        w, s, x, n_key, *_ = store.keys(memory_id)
         pattern = w[:-1] + "*"  # everything of this conversation
         found = {k.decode() for k in client.scan_iter(match=pattern, count=1000)}
         assert found == {w, s, x, n_key}, memory_id
@@ -232,7 +232,7 @@ def test_ttl_is_set_and_refreshed_on_every_write(
         assert store.ttl == 2.0
         first = user("a")
         store.apply_changes("c", appended=[first], removed=[])
-        w, s, x, n, _ = store.keys("c")
+        w, s, x, n, *_ = store.keys("c")
         assert all(0 < client.pttl(k) <= 2000 for k in (w, s, x, n))
         time.sleep(0.6)
         assert client.pttl(w) <= 1500

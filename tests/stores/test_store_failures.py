@@ -32,6 +32,7 @@ import redis.exceptions
 from psycopg import sql
 
 from aiservices import ChatMemoryAccess, MemoryId, MessageWindowChatMemory, ai_service
+from aiservices.messages import SystemMessage, UserMessage
 from aiservices.models import ChatRequest
 from aiservices.stores.postgres import PostgresChatMemoryStore
 from aiservices.stores.redis import RedisChatMemoryStore
@@ -406,6 +407,28 @@ def test_a_reply_lost_after_the_write_is_not_applied_twice(proxy: Proxy) -> None
         stored = texts(store.get_messages("alice"))
         assert stored == ["q2", "answer to q2", "q3", "answer to q3"]
         check_recovered(bot, model, store, stored)
+
+
+def test_a_lost_reply_to_a_write_that_only_reaches_history_is_not_applied_twice(
+    proxy: Proxy,
+) -> None:
+    # A window of one holding its system message: each message added leaves it in the write
+    # that brings it, straight to history, and puts nothing in the window to recognise.
+    with RedisChatMemoryStore(
+        proxy.url, key_prefix=f"{uuid.uuid4().hex}:", keep_history=True
+    ) as store:
+        memory = MessageWindowChatMemory(1, id="c", store=store)
+        memory.add(SystemMessage("Be brief."))
+        memory.add(UserMessage("first"))
+        proxy.drop_reply(b"EVALSHA")
+        memory.add(UserMessage("second"))
+        assert proxy.dropped == 1
+        memory.add(UserMessage("third"))
+        history = store.get_history("c")
+        assert [e.message.text for e in history] == ["Be brief.", "first", "second", "third"]
+        assert [e.evicted for e in history] == [False, True, True, True]
+        assert len({e.message.message_id for e in history}) == 4
+        assert texts(store.get_messages("c")) == ["Be brief."]
 
 
 def test_a_reply_lost_by_a_client_that_does_not_retry_raises(proxy: Proxy) -> None:
