@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Hashable
 from typing import TYPE_CHECKING, Any
 
 from ._locks import LoopBlocked, Reentered, TurnLock
+from ._threads import carried_to_its_end, in_thread
 from .memory import ChatMemory
 from .memory._base import DEFAULT_MEMORY_ID, ChatMemoryProvider, is_own_store
 from .stores._base import store_key
@@ -402,15 +403,13 @@ def erase(memory: ChatMemory) -> None:
 async def aerase(entry: Conversation) -> None:
     """`erase` ``entry``'s memory without blocking the event loop, to its end even when the
     caller is cancelled meanwhile."""
-    import asyncio
-
     if not entry.blocking:
         try:
             erase(entry.memory)
             return
         except LoopBlocked:
             pass  # a task of this loop has the memory, or is queued for it: wait in a thread
-    await settled(asyncio.to_thread(erase, entry.memory))
+    await settled(in_thread(erase, entry.memory))
 
 
 async def settled(write: Coroutine[Any, Any, Any]) -> Any:
@@ -421,8 +420,11 @@ async def settled(write: Coroutine[Any, Any, Any]) -> Any:
     of its own, the conversation's lock stays held until it has finished, and the caller
     gets its outcome: the answer when the turn was written, the store's error when not.
     """
-    task, _ = await to_the_end(write, absorb=True)
-    # Cancelled itself (its loop is closing), the write raises CancelledError: nothing landed.
+    # Cancelled itself (every task is, when a loop shuts down), the write still waits for
+    # what a thread has under way and hands back its outcome; it raises CancelledError only
+    # when nothing was under way, or when its store is a network client whose request the
+    # cancellation stopped, which may or may not have landed.
+    task, _ = await to_the_end(carried_to_its_end(write), absorb=True)
     return task.result()
 
 

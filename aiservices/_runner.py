@@ -513,9 +513,7 @@ def _amemory(
     native = getattr(memory, name, None)
     if native is not None:
         return native(*args)  # type: ignore[no-any-return]
-    import asyncio
-
-    return asyncio.to_thread(blocking, *args)
+    return in_thread(blocking, *args)
 
 
 # -- shared by the drivers --------------------------------------------------------------

@@ -6,10 +6,27 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["Stopped", "in_thread", "is_async"]
+if TYPE_CHECKING:
+    import asyncio
+
+T = TypeVar("T")
+
+__all__ = [
+    "Stopped",
+    "carried_to_its_end",
+    "in_thread",
+    "is_async",
+    "is_carried_to_its_end",
+    "waited_out",
+]
+
+# Set in the task that performs a service's commit (see `carried_to_its_end`).
+_carried: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aiservices_carried_to_its_end", default=False
+)
 
 
 def is_async(function: object) -> bool:
@@ -38,12 +55,46 @@ async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        while not future.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((future,))
+        if await waited_out(future):
+            return future.result()
+        raise
+
+
+async def carried_to_its_end(work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work`` in this task, marked as carrying its I/O to its end: cancelled while
+    a thread performs that I/O, it waits for the thread and hands back what it gave instead
+    of raising.
+
+    For a service's commit, run as a task of its own so that its caller learns whether the
+    turn was written: a cancellation of that task comes from whoever cancels every task (a
+    loop shutting down, which then waits for them), and a thread's write goes on regardless.
+    """
+    _carried.set(True)  # (in this task's own copy of the context)
+    return await work
+
+
+def is_carried_to_its_end() -> bool:
+    """Whether the running task was started by `carried_to_its_end`."""
+    return _carried.get()
+
+
+async def waited_out(future: asyncio.Future[Any]) -> bool:
+    """Called when the wait for ``future``, the end of a thread's work, was cancelled: wait
+    for that end anyway; whether to hand back its outcome rather than raise the
+    cancellation (in a task `carried_to_its_end`, whose cancellation is then taken back)."""
+    import asyncio
+
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait((future,))
+    task = asyncio.current_task()
+    if not _carried.get() or task is None or future.cancelled():
         if not future.cancelled():
             future.exception()  # retrieved: the call is cancelled, its result unused
-        raise
+        return False
+    while task.cancelling():
+        task.uncancel()
+    return True
 
 
 class Stopped(Exception):

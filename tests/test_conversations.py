@@ -274,6 +274,115 @@ def test_a_call_cancelled_while_sqlite_writes_its_turn_reports_what_the_store_ha
     store.close()
 
 
+class SlowPlainStore:
+    """A store of the three methods alone (an async memory runs them in a worker thread),
+    whose writes wait until they are let through."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryChatMemoryStore()
+        self.writing = threading.Event()
+        self.go_on = threading.Event()
+
+    def get_messages(self, memory_id: Hashable) -> list[ChatMessage]:
+        return self.inner.get_messages(memory_id)
+
+    def update_messages(self, memory_id: Hashable, messages: Sequence[ChatMessage]) -> None:
+        self.writing.set()
+        assert self.go_on.wait(10)
+        self.inner.update_messages(memory_id, messages)
+
+    def delete_messages(self, memory_id: Hashable) -> None:
+        self.inner.delete_messages(memory_id)
+
+
+class SlowListMemory:
+    """A ChatMemory of the five members alone (an async call runs them in a worker thread),
+    whose adds wait until they are let through."""
+
+    def __init__(self, memory_id: Hashable) -> None:
+        self.id = memory_id
+        self.kept: list[ChatMessage] = []
+        self.writing = threading.Event()
+        self.go_on = threading.Event()
+
+    def messages(self) -> list[ChatMessage]:
+        return list(self.kept)
+
+    def add(self, *messages: ChatMessage) -> None:
+        self.writing.set()
+        assert self.go_on.wait(10)
+        self.kept += messages
+
+    def clear(self) -> None:
+        self.kept = []
+
+    def set(self, messages: Any) -> None:
+        self.kept = list(messages)
+
+
+class Ends:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_call_end(self, call: Any, result: Any) -> None:
+        self.seen.append("end")
+
+    def on_error(self, call: Any, error: BaseException) -> None:
+        self.seen.append(type(error).__name__)
+
+
+@pytest.mark.parametrize("where", ["sqlite", "plain store", "plain memory"])
+def test_a_turn_written_while_the_loop_cancels_every_task_is_reported_as_written(
+    tmp_path: Path, where: str
+) -> None:
+    # asyncio.run() cancels every task left when its main returns, the write's own too; the
+    # write in a worker thread lands regardless, so the call must say it did.
+    memory: Any = None
+    if where == "sqlite":
+        store: Any = SlowSqliteStore(tmp_path / "chat.db")
+    elif where == "plain store":
+        store = SlowPlainStore()
+    else:
+        store = memory = SlowListMemory("alice")
+    provider: Any = (
+        (lambda memory_id: memory)
+        if memory is not None
+        else MessageWindowChatMemory.provider(max_messages=10, store=store)
+    )
+    ends = Ends()
+    bot = ai_service(
+        AsyncBot,
+        model=ScriptedChatModel("Noted: 42."),
+        chat_memory_provider=provider,
+        listeners=[ends],
+    )
+    outcome: list[Any] = []
+
+    async def call() -> None:
+        try:
+            outcome.append(await bot.chat("alice", "remember 42"))
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+
+    async def main() -> None:
+        outcome.append(asyncio.ensure_future(call()))
+        while not store.writing.is_set():  # noqa: ASYNC110 - set in a worker thread
+            await asyncio.sleep(0.001)
+        threading.Timer(0.1, store.go_on.set).start()
+
+    asyncio.run(main())
+    if where == "plain memory":
+        stored = [m.text for m in store.kept]
+    elif where == "sqlite":
+        stored = [m.text for m in SqliteChatMemoryStore(tmp_path / "chat.db").get_messages("alice")]
+    else:
+        stored = [m.text for m in store.get_messages("alice")]
+    assert stored == ["remember 42", "Noted: 42."]
+    assert outcome[1:] == ["Noted: 42."]
+    assert ends.seen == ["end"]
+
+
 class NativeAsyncStore(InMemoryChatMemoryStore):
     """A store with native async methods whose writes wait on an asyncio event."""
 

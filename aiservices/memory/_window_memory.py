@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .._locks import TurnLock
+from .._threads import is_carried_to_its_end, waited_out
 from ..messages import ChatMessage, SystemMessage, UserMessage, new_message_id
 from ..stores._base import ChatMemoryStore, ConcurrentChangeError
 from ._base import own_store
@@ -602,6 +603,11 @@ class WindowChatMemory:
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
+            if is_carried_to_its_end():
+                # A service's commit: the call learns whether its turn was written.
+                if await waited_out(work):
+                    return work.result()
+                raise
             with guard:
                 if not left[1]:
                     left[0] = True  # the worker thread goes on, and releases the lock

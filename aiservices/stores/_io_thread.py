@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+from .._threads import waited_out
+
 __all__ = ["IoThread"]
 
 T = TypeVar("T")
@@ -117,24 +119,26 @@ class IoThread:
         try:
             return await future
         except asyncio.CancelledError:
-            if future.cancelled():
-                await self._settle(call)
+            if future.cancelled() and await self._settle(call):
+                return call.value  # type: ignore[no-any-return]
             raise
 
-    async def _settle(self, call: _Call) -> None:
-        # The caller was cancelled: a queued call is skipped, a running one waited for.
+    async def _settle(self, call: _Call) -> bool:
+        """The caller was cancelled: a queued call is skipped, a running one waited for.
+        Whether to hand back the outcome of a call that ran (see `waited_out`); its error
+        is raised here."""
         with self._condition:
             if call.state == _QUEUED:
                 call.state = _SKIPPED
-                return
-            if call.state != _RUNNING:
-                return
+                return False
             waiter = call.waiter = call.loop.create_future()
-        while not waiter.done():
-            try:
-                await asyncio.shield(waiter)
-            except asyncio.CancelledError:
-                continue  # cancelled again: the call still runs, and is still waited for
+            if call.state == _DONE:
+                waiter.set_result(None)
+        if not await waited_out(waiter):
+            return False
+        if call.error is not None:
+            raise _error(call)
+        return True
 
     def close(self) -> None:
         """Let the calls queued so far run, then end the thread; later calls are refused.
@@ -302,19 +306,25 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _error(call: _Call) -> BaseException:
+    """What the call raised, as its caller is given it."""
+    error = call.error
+    assert error is not None
+    if isinstance(error, StopIteration):
+        # A future can't hold StopIteration (it would end the awaiting coroutine's frame
+        # instead): raised as a generator would raise it, per PEP 479.
+        name = getattr(call.function, "__qualname__", repr(call.function))
+        return RuntimeError(f"{name} raised StopIteration")
+    return error
+
+
 def _resolve(call: _Call) -> None:
     future = call.future
     if not future.done():
-        error = call.error
-        if error is None:
+        if call.error is None:
             future.set_result(call.value)
-        elif isinstance(error, StopIteration):
-            # A future can't hold StopIteration (it would end the awaiting coroutine's frame
-            # instead): raised as a generator would raise it, per PEP 479.
-            name = getattr(call.function, "__qualname__", repr(call.function))
-            future.set_exception(RuntimeError(f"{name} raised StopIteration"))
         else:
-            future.set_exception(error)
+            future.set_exception(_error(call))
     waiter = call.waiter
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
