@@ -86,14 +86,16 @@ def stream_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) ->
     """Start a streaming call: bind now, run when the first chunk is asked for."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return TextStream(_texts(_opened(call, _marked(call, _events(state, call, box)))), box)
+    events = _opened(call, _marked(call, _events(state, call, box)))
+    return TextStream(_texts(events), box, stop=partial(_stop, call))
 
 
 def events_sync(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> EventStream:
     """Start a call that streams its events: bind now, run when the first is asked for."""
     call = bind(state, plan, args)
     box = ResultBox()
-    return EventStream(_opened(call, _marked(call, _events(state, call, box))), box)
+    events = _opened(call, _marked(call, _events(state, call, box)))
+    return EventStream(events, box, stop=partial(_stop, call))
 
 
 def _texts(events: Generator[StreamEvent, None, None]) -> Generator[str, None, None]:
@@ -113,7 +115,7 @@ def _marked(
     instead of waiting for a stream that only that caller can move on."""
     try:
         for event in events:
-            if call.closed_by_scope:
+            if call.closed_elsewhere:
                 # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
                 return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
@@ -121,7 +123,7 @@ def _marked(
                 yield event
             finally:
                 leave(entered)
-            if call.closed_by_scope:
+            if call.closed_elsewhere:
                 return
     finally:
         events.close()
@@ -299,7 +301,7 @@ def stream_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     call = bind(state, plan, args)
     box = ResultBox()
     events = _opened(call, _amarked(call, _aevents(state, call, box)))
-    return AsyncTextStream(_atexts(events), box, partial(_dropped, call))
+    return AsyncTextStream(_atexts(events), box, partial(_dropped, call), partial(_stop, call))
 
 
 def events_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -> AsyncEventStream:
@@ -307,7 +309,12 @@ def events_async(state: ServiceState, plan: MethodPlan, args: tuple[Any, ...]) -
     call = bind(state, plan, args)
     box = ResultBox()
     events = _opened(call, _amarked(call, _aevents(state, call, box)))
-    return AsyncEventStream(events, box, partial(_dropped, call))
+    return AsyncEventStream(events, box, partial(_dropped, call), partial(_stop, call))
+
+
+def _stop(call: Call) -> None:
+    """Closed while another task or thread reads it, the stream ends at its next event."""
+    call.closed_elsewhere = True
 
 
 def _dropped(call: Call) -> None:
@@ -331,7 +338,7 @@ async def _amarked(
     """`_marked` for async streams."""
     try:
         async for event in events:
-            if call.closed_by_scope:
+            if call.closed_elsewhere:
                 # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
                 return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
@@ -341,7 +348,7 @@ async def _amarked(
             finally:
                 call.mark = None
                 leave(entered)
-            if call.closed_by_scope:
+            if call.closed_elsewhere:
                 return
     finally:
         await events.aclose()

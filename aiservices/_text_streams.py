@@ -38,11 +38,19 @@ class ResultBox:
 class _Stream(Iterator[_T], Generic[_T]):
     """What a sync stream is: iterate it, close it (or leave a ``with`` block), read ``result``."""
 
-    __slots__ = ("_box", "_source")
+    __slots__ = ("_box", "_source", "_stop")
 
-    def __init__(self, source: Generator[_T, None, None], box: ResultBox | None = None) -> None:
+    def __init__(
+        self,
+        source: Generator[_T, None, None],
+        box: ResultBox | None = None,
+        *,
+        stop: Callable[[], None] | None = None,
+    ) -> None:
         self._source = source
         self._box = ResultBox() if box is None else box
+        # Marks the stream closed for the thread reading it, which it can't be closed under.
+        self._stop = stop
 
     @property
     def result(self) -> Result[str] | None:
@@ -56,7 +64,14 @@ class _Stream(Iterator[_T], Generic[_T]):
         return next(self._source)
 
     def close(self) -> None:
-        """Stop the stream early; nothing of the turn is recorded."""
+        """Stop the stream early; nothing of the turn is recorded.
+
+        Closed while another thread reads it, it ends there at its next event, which that
+        thread does not get (a turn that was being written just then is recorded).
+        """
+        if self._stop is not None and getattr(self._source, "gi_running", False):
+            self._stop()
+            return
         self._source.close()
 
     def __enter__(self) -> Self:
@@ -70,17 +85,20 @@ class _AsyncStream(AsyncIterator[_T], Generic[_T]):
     """What an async stream is: ``async for`` it, ``aclose`` it (or leave an ``async with``
     block), read ``result``."""
 
-    __slots__ = ("_box", "_on_drop", "_source")
+    __slots__ = ("_box", "_on_drop", "_source", "_stop")
 
     def __init__(
         self,
         source: AsyncGenerator[_T, None],
         box: ResultBox | None = None,
         on_drop: Callable[[], None] | None = None,
+        stop: Callable[[], None] | None = None,
     ) -> None:
         self._source = source
         self._box = ResultBox() if box is None else box
         self._on_drop = on_drop
+        # Marks the stream closed for the task reading it, which it can't be closed under.
+        self._stop = stop
 
     def __del__(self) -> None:
         # Dropped unread (a `break` out of `async for`), the stream is closed later, by
@@ -100,7 +118,15 @@ class _AsyncStream(AsyncIterator[_T], Generic[_T]):
         return await self._source.__anext__()
 
     async def aclose(self) -> None:
-        """Stop the stream early; nothing of the turn is recorded."""
+        """Stop the stream early; nothing of the turn is recorded.
+
+        Closed while another task reads it (a stop button), it ends there at its next
+        event, which that task does not get (a turn that was being written just then is
+        recorded).
+        """
+        if self._stop is not None and getattr(self._source, "ag_running", False):
+            self._stop()
+            return
         await self._source.aclose()
 
     async def __aenter__(self) -> Self:

@@ -239,9 +239,10 @@ class Call:
     # closes it there).
     loop: object = None
     info: CallInfo | None = None
-    # Set by a forgetting scope's exit for a stream it closes: one that another task or
-    # thread was reading just then could not be closed, and stops at its next event.
-    closed_by_scope: bool = False
+    # Set for a stream closed while another task or thread was reading it (by its scope's
+    # exit, or by close()/aclose()): a generator can't be closed while it runs, so it stops
+    # at its next event instead.
+    closed_elsewhere: bool = False
     # The mark an async stream's reader holds between two events (see `_locks.enter`).
     mark: Entered | None = None
 

@@ -51,7 +51,7 @@ class _StreamCall(Protocol):
     # (None before it starts); and what it sets: that it closed the stream, so that one
     # being read elsewhere just then, which it cannot close, stops at its next event.
     loop: object
-    closed_by_scope: bool
+    closed_elsewhere: bool
 
 
 _current: ContextVar[MemoryScope | None] = ContextVar("aiservices_memory_scope", default=None)
@@ -147,7 +147,7 @@ class MemoryScope:
         stuck = False
         try:
             for stream, call in self._open_streams():
-                call.closed_by_scope = True
+                call.closed_elsewhere = True
                 try:
                     if isinstance(stream, Generator):
                         # Running in another thread (ValueError): it stops at its next event,
@@ -156,7 +156,7 @@ class MemoryScope:
                             stream.close()
                     elif not _close_async(stream, call.loop):
                         stuck = True
-                        call.closed_by_scope = False  # nothing is forgotten: it goes on
+                        call.closed_elsewhere = False  # nothing is forgotten: it goes on
                 except Exception as error:  # a stream whose close failed has still ended
                     errors.append(error)
         finally:
@@ -189,7 +189,7 @@ class MemoryScope:
         cancelled: BaseException | None = None
         try:
             for stream, call in self._open_streams():
-                call.closed_by_scope = True
+                call.closed_elsewhere = True
                 try:
                     if isinstance(stream, AsyncGenerator):
                         # To its end even when cancelled meanwhile: half closed, a stream

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Protocol
 
@@ -93,6 +96,43 @@ def test_closing_early_records_nothing_and_frees_the_conversation() -> None:
     assert bot.get_chat_memory("u").messages() == []
     # the lock was released: the next call on the same id completes
     assert "".join(bot.tell("u", "y")) == "second"
+
+
+def test_a_stream_closed_by_another_thread_while_read_ends_there_and_records_nothing() -> None:
+    bot = make(ScriptedChatModel("a long answer", "second", chunk_size=2, delay=0.3))
+    stream = bot.tell("u", "x")
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(stream))
+    reader.start()
+    time.sleep(0.1)  # the reader waits for the model's first chunk
+    stream.close()  # a generator can't be closed while it runs: this one ends at its next chunk
+    reader.join(5)
+    assert not reader.is_alive()
+    assert got == []
+    assert bot.get_chat_memory("u").messages() == []
+    assert "".join(bot.tell("u", "y")) == "second"
+
+
+def test_an_async_stream_closed_by_another_task_while_read_ends_there_and_records_nothing() -> None:
+    async def main() -> tuple[list[str], list[object], object, str]:
+        bot = make(ScriptedChatModel("a long answer", "second", chunk_size=2, delay=0.2))
+        stream = bot.atell_plain("u", "x")
+
+        async def read() -> list[str]:
+            return [chunk async for chunk in stream]
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.05)  # the reader waits for the model's first chunk
+        await stream.aclose()  # a stop button, in a task of its own
+        got = await reader
+        after = "".join([chunk async for chunk in await bot.atell("u", "y")])
+        return got, list(bot.get_chat_memory("u").messages()[:2]), stream.result, after
+
+    got, first_turn, result, after = asyncio.run(main())
+    assert got == []
+    assert result is None
+    assert [m.text for m in first_turn] == ["y", "second"]  # the closed turn left nothing
+    assert after == "second"
 
 
 def test_a_failure_midway_records_nothing() -> None:
