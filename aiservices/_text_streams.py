@@ -69,10 +69,16 @@ class _Stream(Iterator[_T], Generic[_T]):
         Closed while another thread reads it, it ends there at its next event, which that
         thread does not get (a turn that was being written just then is recorded).
         """
-        if self._stop is not None and getattr(self._source, "gi_running", False):
-            self._stop()
+        stop = self._stop
+        if stop is not None and getattr(self._source, "gi_running", False):
+            stop()
             return
-        self._source.close()
+        try:
+            self._source.close()
+        except ValueError:  # its reader's thread resumed it meanwhile
+            if stop is None:
+                raise
+            stop()
 
     def __enter__(self) -> Self:
         return self
