@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._conversations import aerase, erase, settled
 from ._events import StreamEvent, TextDelta, ToolCallFinished, ToolCallStarted, TurnCompleted
+from ._hooks import logger
 from ._locks import Entered, LoopBlocked, enter, leave
 from ._text_streams import AsyncEventStream, AsyncTextStream, EventStream, ResultBox, TextStream
 from ._threads import Stopped, in_thread, is_async
@@ -536,7 +537,15 @@ def _observe(conversation: Conversation, request: ChatRequest, response: ChatRes
     # A memory that counts tokens may calibrate its estimate with what the provider counted
     # for the last request of the turn.
     if response.token_usage is not None and conversation.observe is not None:
-        conversation.observe(request.messages, response.token_usage, request=request)
+        try:
+            conversation.observe(request.messages, response.token_usage, request=request)
+        except Exception:
+            # The turn is recorded: a call that raised now would say it was not.
+            logger.warning(
+                "%s.observe_usage raised after the turn was recorded; the call goes on",
+                type(conversation.memory).__name__,
+                exc_info=True,
+            )
 
 
 def _final(model: ChatModel, response: ChatResponse | None, method: str) -> ChatResponse:

@@ -20,7 +20,7 @@ from aiservices import (
     UserMessage,
     ai_service,
 )
-from aiservices.models import ChatRequest
+from aiservices.models import ChatRequest, TokenUsage
 from aiservices.testing import ScriptedChatModel, tool_call
 from aiservices.tools import tool
 
@@ -409,3 +409,44 @@ def test_an_async_call_waits_for_a_thread_reading_its_memory_with_a_task_queued(
     assert answer == "ok"
     assert seen in (0, 2)  # the task read before or after the call's turn
     assert stored == 2
+
+
+class ObservingMemory:
+    """A memory of one's own whose usage observation fails."""
+
+    def __init__(self, memory_id: object) -> None:
+        self.id = memory_id
+        self.kept: list[ChatMessage] = []
+
+    def messages(self) -> list[ChatMessage]:
+        return list(self.kept)
+
+    def add(self, *messages: ChatMessage) -> None:
+        self.kept += messages
+
+    def clear(self) -> None:
+        self.kept = []
+
+    def set(self, messages: Sequence[ChatMessage]) -> None:
+        self.kept = list(messages)
+
+    def observe_usage(self, messages: object, usage: object, request: object = None) -> None:
+        raise RuntimeError("the estimator is gone")
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_an_observation_that_fails_after_the_commit_does_not_fail_the_recorded_turn(
+    how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    memory = ObservingMemory("alice")
+    model = ScriptedChatModel(default="Hello!", usage=TokenUsage(10, 2))
+    if how == "sync":
+        bot = ai_service(Bot, model=model, chat_memory_provider=lambda memory_id: memory)
+        answer = bot.chat("alice", "hi")
+    else:
+        abot = ai_service(ABot, model=model, chat_memory_provider=lambda memory_id: memory)
+        answer = asyncio.run(abot.chat("alice", "hi"))
+    assert answer == "Hello!"
+    assert [m.text for m in memory.kept] == ["hi", "Hello!"]
+    assert "ObservingMemory.observe_usage raised" in caplog.text
+    assert "the estimator is gone" in caplog.text
