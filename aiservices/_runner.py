@@ -117,7 +117,8 @@ def _marked(
     try:
         for event in events:
             if call.closed_elsewhere:
-                # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
+                # Closed while read elsewhere (by its scope, or another task or thread): it ends
+                # at its next event, unrecorded.
                 return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
             try:
@@ -340,7 +341,8 @@ async def _amarked(
     try:
         async for event in events:
             if call.closed_elsewhere:
-                # Read elsewhere as its scope closed it, it ends at its next event, unrecorded.
+                # Closed while read elsewhere (by its scope, or another task or thread): it ends
+                # at its next event, unrecorded.
                 return
             entered = None if type(event) is TurnCompleted else _entered(call.conversation)
             call.mark = entered
