@@ -13,7 +13,7 @@ from ._conversations import Conversation, Conversations
 from ._hooks import Hooks
 from ._plan import plan_interface
 from ._runner import events_async, events_sync, run_async, run_sync, stream_async, stream_sync
-from ._threads import is_async
+from ._threads import is_async, is_async_generator
 from ._toolbox import Toolbox
 from ._turn import ServiceState
 from .errors import InterfaceError
@@ -130,6 +130,7 @@ def _with_guardrails(
     problems: list[str] = []
     merged: dict[str, MethodPlan] = {}
     checked: set[int] = set()  # a class's guardrails are every method's: reported once
+    generators: set[int] = set()
     for name, plan in plans.items():
         inputs = input_guardrails + plan.input_guardrails
         outputs = output_guardrails + plan.output_guardrails
@@ -145,13 +146,22 @@ def _with_guardrails(
                 problem = _call_problem(guardrail, "guardrail", (argument,))
                 if problem is not None:
                     problems.append(f"{where}: the {kind} guardrail {problem}")
+        for kind, given in (("input", inputs), ("output", outputs)):
+            for guardrail in given:
+                if id(guardrail) not in generators and is_async_generator(guardrail):
+                    generators.add(id(guardrail))
+                    problems.append(
+                        f"{where}: the {kind} guardrail {_name(guardrail)} is an async "
+                        "generator: a guardrail returns its verdict; write it as `async def` "
+                        "without `yield`"
+                    )
         if plan.kind not in ("async", "aevents", "astream"):
             for kind, given in (("input", inputs), ("output", outputs)):
                 problems += [
                     f"{where}: the {kind} guardrail {_name(g)} is async and the method is "
                     "not: give async guardrails to async methods only"
                     for g in given
-                    if is_async(g)
+                    if is_async(g) and id(g) not in generators
                 ]
             problems += [
                 f"{where}: the {option} {_name(function)} is async and the method is not: "

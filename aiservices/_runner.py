@@ -233,12 +233,13 @@ def _perform(op: int, argument: Any, conversation: Conversation | None) -> Any:
         if op in (CALL, FETCH):
             function, call_args = argument
             value = _called(function, call_args, fetch=op == FETCH)
-            if inspect.isawaitable(value):
+            if inspect.isawaitable(value) or _is_async_iterator(value):
                 if inspect.iscoroutine(value):
                     value.close()
+                what = "an awaitable" if inspect.isawaitable(value) else "an async iterator"
                 raise TypeError(
-                    f"{getattr(function, '__qualname__', function)!r} returned an awaitable "
-                    "in a sync call; give async guardrails and retrievers to async methods"
+                    f"{getattr(function, '__qualname__', function)!r} returned {what} in a "
+                    "sync call; give async guardrails and retrievers to async methods"
                 )
             return value
         toolbox, requests, memory_id, context, observer = argument
@@ -480,18 +481,28 @@ async def _aperform(op: int, argument: Any, conversation: Conversation | None) -
         if op == FETCH:
             function, call_args = argument
             if is_async(function):
-                return await function(*call_args)
-            try:
-                value = await in_thread(_called, function, call_args, fetch=True)
-            except Stopped as stopped:
-                raise RuntimeError(
-                    f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
-                ) from stopped.stop
-            return (await value) if inspect.isawaitable(value) else value
+                value = function(*call_args)
+            else:
+                try:
+                    value = await in_thread(_called, function, call_args, fetch=True)
+                except Stopped as stopped:
+                    raise RuntimeError(
+                        f"{getattr(function, '__qualname__', function)!r} raised StopIteration"
+                    ) from stopped.stop
+            if inspect.isawaitable(value):
+                return await value
+            if _is_async_iterator(value):
+                # (An async generator: read on the event loop, where its awaits run.)
+                return [item async for item in value]
+            return value
         toolbox, requests, memory_id, context, observer = argument
         return await toolbox.aexecute_all(requests, memory_id, context, observer)
     finally:
         leave(entered)
+
+
+def _is_async_iterator(value: object) -> bool:
+    return hasattr(type(value), "__anext__")
 
 
 def _called(function: Callable[..., Any], args: tuple[Any, ...], *, fetch: bool) -> Any:

@@ -19,6 +19,7 @@ __all__ = [
     "carried_to_its_end",
     "in_thread",
     "is_async",
+    "is_async_generator",
     "is_carried_to_its_end",
     "waited_out",
 ]
@@ -30,11 +31,20 @@ _carried: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 def is_async(function: object) -> bool:
-    """Whether calling ``function`` makes a coroutine: an ``async def``, or an object whose
-    ``__call__`` is one."""
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
-    )
+    """Whether calling ``function`` makes a coroutine or an async generator: an ``async
+    def`` (with ``yield`` or not), or an object whose ``__call__`` is one."""
+    call = getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
+    return _makes_async(function) or _makes_async(call)
+
+
+def is_async_generator(function: object) -> bool:
+    """Whether calling ``function`` makes an async generator (``async def`` with ``yield``)."""
+    call = getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
+    return inspect.isasyncgenfunction(function) or inspect.isasyncgenfunction(call)
+
+
+def _makes_async(function: object) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
 
 
 async def in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -325,3 +325,84 @@ def test_a_stop_iteration_from_a_guardrail_names_it() -> None:
     bot = ai_service(Bot, model=ScriptedChatModel("ok"), input_guardrails=[picky])
     with pytest.raises(RuntimeError, match=r"picky' raised StopIteration"):
         bot.ask("hello")
+
+
+async def test_an_async_generator_retriever_and_seed_are_read_in_async_calls() -> None:
+    from collections.abc import AsyncIterator
+
+    async def retrieve(query: str, memory_id: object) -> AsyncIterator[str]:
+        await asyncio.sleep(0)
+        yield f"about {query}"
+        yield "and more"
+
+    async def seed(memory_id: object) -> AsyncIterator[SystemMessage]:
+        await asyncio.sleep(0)
+        yield SystemMessage("Be brief.")
+
+    model = ScriptedChatModel("ok")
+    bot = ai_service(
+        AsyncBot,
+        model=model,
+        chat_memory_provider=MessageWindowChatMemory.provider(max_messages=5),
+        retriever=retrieve,
+        seed_memory=seed,
+    )
+    result = await bot.chat("alice", "tides")
+    assert result.sources == ("about tides", "and more")
+    assert model.requests[0].messages[0] == SystemMessage("Be brief.")
+    assert [m.text for m in (await bot.aget_chat_memory("alice")).messages()] == [
+        "Be brief.",
+        "tides",
+        "ok",
+    ]
+
+
+def test_an_async_generator_retriever_or_seed_on_a_sync_method_fails_the_build() -> None:
+    from collections.abc import AsyncIterator
+
+    async def retrieve(query: str, memory_id: object) -> AsyncIterator[str]:
+        yield "a text"
+
+    async def seed(memory_id: object) -> AsyncIterator[SystemMessage]:
+        yield SystemMessage("Be brief.")
+
+    provider = MessageWindowChatMemory.provider(max_messages=5)
+    with pytest.raises(InterfaceError, match=r"the retriever .*retrieve is async"):
+        ai_service(
+            Bot, model=ScriptedChatModel("ok"), chat_memory_provider=provider, retriever=retrieve
+        )
+    with pytest.raises(InterfaceError, match=r"the seed_memory .*seed is async"):
+        ai_service(
+            Bot, model=ScriptedChatModel("ok"), chat_memory_provider=provider, seed_memory=seed
+        )
+
+
+def test_a_plain_retriever_returning_an_async_iterator_in_a_sync_call_names_it() -> None:
+    async def texts() -> object:
+        yield "a text"
+
+    def retrieve(query: str, memory_id: object) -> object:
+        return texts()
+
+    class Plain(Protocol):
+        def ask(self, text: str) -> str: ...
+
+    bot = ai_service(Plain, model=ScriptedChatModel("ok"), retriever=retrieve)
+    with pytest.raises(TypeError, match=r"retrieve' returned an async iterator in a sync call"):
+        bot.ask("hello")
+
+
+def test_an_async_generator_guardrail_fails_the_build_once() -> None:
+    async def shout(text: str) -> object:
+        yield text.upper()
+
+    class Both(Protocol):
+        def ask(self, text: str) -> str: ...
+
+        async def aask(self, text: str) -> str: ...
+
+    with pytest.raises(InterfaceError) as raised:
+        ai_service(Both, model=ScriptedChatModel("ok"), input_guardrails=[shout])
+    problems = str(raised.value)
+    assert problems.count("is an async generator") == 1, problems
+    assert "is async and the method is not" not in problems
