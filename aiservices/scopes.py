@@ -134,7 +134,13 @@ class MemoryScope:
         # the event loop, say), this one is not current there: nothing changes.
         if _current.get() is self:
             outer = self._outer
+            # (A scope object entered again after such exits may lead back to itself.)
+            passed = {id(self)}
             while outer is not None and not outer._active:
+                if id(outer) in passed:
+                    outer = None
+                    break
+                passed.add(id(outer))
                 outer = outer._outer
             _current.set(outer)
         return services if self.on_exit != "keep" else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import AsyncIterator, Hashable, Iterator
@@ -126,6 +127,30 @@ def test_scopes_left_out_of_order_restore_no_scope_that_has_ended() -> None:
         next(first, None)
         next(second, None)
         assert current_memory_scope() is outer
+
+
+def test_a_scope_entered_again_after_out_of_order_exits_is_left_without_a_hang() -> None:
+    a = memory_scope("a", on_exit="keep")
+    b = memory_scope("b", on_exit="keep")
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # out of order, as two generators advanced in turn do
+    assert current_memory_scope() is b
+    done = threading.Event()
+    seen: list[object] = []
+
+    def reenter() -> None:
+        with a:  # (its outer scope is now b, whose outer was a)
+            b.__exit__(None, None, None)
+            seen.append(current_memory_scope())
+        seen.append(current_memory_scope())
+        done.set()
+
+    # Run in a copy of this context, on a thread: a hang fails the test instead of the run.
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(reenter,), daemon=True).start()
+    assert done.wait(10), "leaving the scope looped forever"
+    assert seen == [a, None]
 
 
 def test_a_service_with_one_memory_is_unaffected() -> None:
