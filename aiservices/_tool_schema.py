@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, NotRequired, Required, get_args, get_origin
@@ -286,7 +287,9 @@ def read_signature(fn: Callable[..., Any], *, skip_first: bool, where: str) -> T
         if shown is None:
             continue  # shown under an alias this does not follow (AliasChoices, AliasPath)
         with contextlib.suppress(ValueError):  # no JSON form: the model is not told
-            shown["default"] = to_jsonable_python(default)
+            value = to_jsonable_python(default)
+            if has_json_form(value):
+                shown["default"] = value
     returns = signature.return_annotation
     return ToolSignature(
         schema=schema,
@@ -398,6 +401,20 @@ _ONE_SCHEMA: Final = frozenset(
 )
 _SCHEMA_LISTS: Final = frozenset({"anyOf", "allOf", "oneOf", "prefixItems"})
 _DEFS_PREFIX: Final = "#/$defs/"
+# Data that only informs the model: left out when JSON can't carry it.
+_EXAMPLE_DATA: Final = frozenset({"default", "examples"})
+
+
+def has_json_form(value: object) -> bool:
+    """Whether ``value`` (made JSON-able by pydantic) is valid JSON: no infinite or NaN
+    float anywhere in it, which strict encoders (the SDKs' HTTP clients) refuse."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(map(has_json_form, value.values()))
+    if isinstance(value, list | tuple):
+        return all(map(has_json_form, value))
+    return True
 
 
 def clean_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -452,6 +469,8 @@ def _clean(node: Any, definitions: dict[str, Any], recursive: frozenset[str]) ->
             out[key] = _clean(value, definitions, recursive)
         elif key in _SCHEMA_LISTS and isinstance(value, list):
             out[key] = [_clean(s, definitions, recursive) for s in value]
+        elif key in _EXAMPLE_DATA and not has_json_form(value):
+            continue  # (an infinite or NaN default: JSON has no form for it)
         else:
             out[key] = value
     if discriminated and isinstance(out.get("anyOf"), list):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from ._described import described
 from ._locks import Reentered
 from ._threads import Stopped, in_thread
 from .errors import InterfaceError
@@ -607,14 +608,7 @@ def _arguments_error(request: ToolExecutionRequest, exc: ValueError) -> ToolArgu
 def _raised_error(request: ToolExecutionRequest, exc: Exception) -> ToolRaisedError:
     if isinstance(exc, Stopped):
         exc = exc.stop
-    detail = str(exc)
-    kind = type(exc).__name__
-    error = ToolRaisedError(
-        f"Tool {request.name!r} raised {kind}: {detail}"
-        if detail
-        else f"Tool {request.name!r} raised {kind}",
-        request,
-    )
+    error = ToolRaisedError(f"Tool {request.name!r} raised {described(exc)}", request)
     error.__cause__ = exc
     return error
 

@@ -39,6 +39,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('aiservices.mcp needs the MCP SDK: pip install "aiservices[mcp]"') from exc
 
+from ._described import described
 from .tools import Tool, valid_tool_name
 
 __all__ = ["McpToolError", "McpToolset"]
@@ -311,7 +312,7 @@ class McpToolset:
                         )
                         raise ConnectionError(
                             f"{self!r}: the MCP server could not be reached: "
-                            f"{_innermost(error)}; check that it starts and speaks MCP{hint}"
+                            f"{described(error)}; check that it starts and speaks MCP{hint}"
                         ) from error
                     raise
                 if self._connected_once:
@@ -439,16 +440,6 @@ def _reusable(server: Any) -> bool:
     return isinstance(server, str | StdioServerParameters | _Fresh) or not hasattr(
         server, "__aenter__"
     )
-
-
-def _innermost(group: BaseExceptionGroup[BaseException]) -> str:
-    """What a group of one error (in groups of one) holds, as ``Type: message``."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(f"{type(e).__name__}: {e}" for e in error.exceptions)
-    return f"{type(error).__name__}: {error}"
 
 
 class _Connection:

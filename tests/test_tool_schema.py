@@ -692,3 +692,31 @@ def test_a_method_taken_from_its_class_is_named_as_such() -> None:
 
     with pytest.raises(InterfaceError, match=r"a method taken from its class, not bound"):
         read_signature(Orders.find, skip_first=False, where="Orders.find")
+
+
+def test_an_infinite_or_nan_default_is_left_out_so_the_schema_is_valid_json() -> None:
+    class Limits(BaseModel):
+        ceiling: float = float("inf")
+        floor: float = 0.0
+
+    def search(
+        query: str,
+        max_price: float = float("inf"),
+        min_score: Annotated[float, Field(description="lowest score")] = float("nan"),
+        below: float = Field(float("-inf")),
+        limits: Limits = Limits(),  # noqa: B008
+        steps: tuple[float, ...] = (1.0, float("inf")),
+        page: int = 1,
+    ) -> str:
+        return query
+
+    schema = schema_of(search)
+    properties = schema["properties"]
+    for name in ("max_price", "min_score", "below", "limits", "steps"):
+        assert "default" not in properties[name], name
+    assert properties["page"]["default"] == 1
+    assert properties["min_score"]["description"] == "lowest score"
+    limits = properties["limits"]["properties"]  # inside the model too
+    assert "default" not in limits["ceiling"]
+    assert limits["floor"]["default"] == 0.0
+    json.dumps(schema, allow_nan=False)  # what the SDKs' HTTP clients require

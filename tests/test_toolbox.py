@@ -509,6 +509,31 @@ def test_a_tool_that_raises() -> None:
     assert box.execute(call("fail")).result == "Tool 'fail' raised KeyError"
 
 
+def test_a_tool_that_raises_an_exception_group_shows_what_it_holds() -> None:
+    import asyncio
+
+    async def forecast(city: str) -> str:
+        raise LookupError(f"no weather station in {city}")
+
+    async def forecasts(cities: list[str]) -> list[str]:
+        async with asyncio.TaskGroup() as group:  # wraps what its tasks raise
+            tasks = [group.create_task(forecast(city)) for city in cities]
+        return [task.result() for task in tasks]
+
+    box = Toolbox.from_objects([forecasts])
+    execution = box.execute(call("forecasts", '{"cities": ["Atlantis"]}'))
+    assert execution.result == (
+        "Tool 'forecasts' raised LookupError: no weather station in Atlantis"
+    )
+    assert isinstance(execution.error, ToolRaisedError)
+    assert isinstance(execution.error.__cause__, ExceptionGroup)
+    several = box.execute(call("forecasts", '{"cities": ["Atlantis", "Mu"]}'))
+    assert several.result == (
+        "Tool 'forecasts' raised LookupError: no weather station in Atlantis; "
+        "LookupError: no weather station in Mu"
+    )
+
+
 async def test_a_sync_tool_raising_stop_iteration_is_reported_in_an_async_call() -> None:
     # The everyday `next(...)` that finds nothing. asyncio can't hold a StopIteration as a
     # future's outcome, so carried as it is from the tool's thread the call never ended.
