@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MAX_TOKENS", "AnthropicChatModel", "AnthropicTokenCountEstimator"]
 
 DEFAULT_MAX_TOKENS: Final = 4096
+# Sent as the key to a base_url server when none is given: the SDK sends no request without.
+GATEWAY_API_KEY: Final = "not-needed"
 """The answer-length cap sent when neither model nor request sets one (the API needs one)."""
 
 _STOP_REASONS: Final[Mapping[str, str]] = {
@@ -161,6 +163,25 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
             base_url = str(followed.base_url)
         if api_key is None and followed is not None and followed.api_key:
             api_key = followed.api_key  # the client made follows the one handed in
+        keyless = (
+            api_key is None
+            and (client is None or async_client is None)
+            and (followed is None or not (followed.api_key or followed.auth_token))
+            and not any(
+                os.environ.get(name) for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+            )
+        )
+        if keyless:
+            if base_url is None and not os.environ.get("ANTHROPIC_BASE_URL"):
+                # Said now, as OpenAI's adapter says it: the SDK would say it only at the
+                # first request, in words that name neither the option nor the variable.
+                raise ValueError(
+                    "no Anthropic API key: pass api_key=... or set ANTHROPIC_API_KEY (for a "
+                    "gateway, pass base_url=... and its key or token)"
+                )
+            # A gateway or local server that needs no key: the SDK refuses to send a request
+            # without one, so a placeholder goes, as OpenAI's adapter sends one.
+            api_key = GATEWAY_API_KEY
         options = client_options(
             api_key,
             followed,
@@ -172,22 +193,6 @@ class AnthropicChatModel(SdkChatModel[anthropic.Anthropic, anthropic.AsyncAnthro
         if api_key is None and followed is not None and followed.auth_token:
             # A gateway's bearer token instead of a key.
             options["auth_token"] = Secret(followed.auth_token)
-        elif (
-            api_key is None
-            and (client is None or async_client is None)
-            and (followed is None or not followed.api_key)
-            and base_url is None
-            and not any(
-                os.environ.get(name)
-                for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
-            )
-        ):
-            # Said now, as OpenAI's adapter says it: the SDK would say it only at the first
-            # request, in words that name neither the option nor the variable.
-            raise ValueError(
-                "no Anthropic API key: pass api_key=... or set ANTHROPIC_API_KEY (for a "
-                "gateway, pass base_url=... and its key or token)"
-            )
         super().__init__(
             _SDK,
             client,

@@ -929,6 +929,22 @@ def test_no_key_anywhere_is_a_clear_error_when_the_model_is_made(
     assert AnthropicChatModel(MODEL).model_name == MODEL
 
 
+def test_a_base_url_server_without_a_key_is_sent_a_placeholder(
+    anthropic_server: AnthropicServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A gateway or local server that needs no key: the SDK sends nothing without one.
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    anthropic_server.reply_text("hi")
+    anthropic_server.reply_text("hi again")
+    with AnthropicChatModel(MODEL, base_url=anthropic_server.origin, max_retries=0) as model:
+        assert model.chat(ask()).ai_message.text == "hi"
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_server.origin)
+    with AnthropicChatModel(MODEL, max_retries=0) as model:
+        assert model.chat(ask()).ai_message.text == "hi again"
+    assert [_sent_key_of(r.headers) for r in anthropic_server.requests] == ["not-needed"] * 2
+
+
 def test_native_structured_output_keeps_the_other_output_config_settings(
     anthropic_server: AnthropicServer, anthropic_model: Make
 ) -> None:
