@@ -701,6 +701,7 @@ def test_an_infinite_or_nan_default_is_left_out_so_the_schema_is_valid_json() ->
 
     def search(
         query: str,
+        *,
         max_price: float = float("inf"),
         min_score: Annotated[float, Field(description="lowest score")] = float("nan"),
         below: float = Field(float("-inf")),
