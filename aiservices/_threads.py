@@ -33,14 +33,17 @@ _carried: contextvars.ContextVar[bool] = contextvars.ContextVar(
 def is_async(function: object) -> bool:
     """Whether calling ``function`` makes a coroutine or an async generator: an ``async
     def`` (with ``yield`` or not), or an object whose ``__call__`` is one."""
-    call = getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
-    return _makes_async(function) or _makes_async(call)
+    return _made_by(function, _makes_async)
 
 
 def is_async_generator(function: object) -> bool:
     """Whether calling ``function`` makes an async generator (``async def`` with ``yield``)."""
-    call = getattr(function, "__call__", None)  # noqa: B004 - an object's async __call__
-    return inspect.isasyncgenfunction(function) or inspect.isasyncgenfunction(call)
+    return _made_by(function, inspect.isasyncgenfunction)
+
+
+def _made_by(function: object, test: Callable[[object], bool]) -> bool:
+    # The function itself, or an object's own __call__ (an instance with an async __call__).
+    return test(function) or test(getattr(function, "__call__", None))  # noqa: B004
 
 
 def _makes_async(function: object) -> bool:
